@@ -1,0 +1,1 @@
+//! A simulated rate-limited gateway on loopback, for tests (feature `test-util`).
