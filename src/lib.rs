@@ -1,7 +1,59 @@
-//! reqwest-throttle (work in progress).
+//! A `reqwest-middleware` layer that keeps a client, or a swarm of agents sharing one, inside a
+//! rate-limited API's quota: it paces requests before they are sent, caps requests in flight,
+//! and retries 429s (and other "later" answers) without a stampede and without losing a request.
+//!
+//! # Quick start
+//! ```no_run
+//! use std::time::Duration;
+//! use reqwest_throttle::Throttle;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let throttle = Throttle::builder()
+//!     .sliding_window(120, Duration::from_secs(60)) // at most 120 sends in any 60 s
+//!     .max_in_flight(20)                            // at most 20 requests open, bodies included
+//!     .max_retries(6)
+//!     .build()?;
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(throttle.clone())
+//!     .build();
+//! let response = client.get("http://127.0.0.1:8080/v1/chat").send().await?;
+//! # let _ = response; Ok(()) }
+//! ```
+//!
+//! # The path of one request
+//! 1. **Cooldown**: after a window-type 429, every caller of the throttle waits for the reset
+//!    together, instead of each finding out alone.
+//! 2. **In-flight permit**: a FIFO semaphore; the permit rides on the response body and is
+//!    released when the body ends, fails or is dropped.
+//! 3. **Quotas**: every [sliding window](ThrottleBuilder::sliding_window) and
+//!    [token bucket](ThrottleBuilder::token_bucket) must admit the request's [`Cost`].
+//! 4. **Send**, then read the [hints](headers) of the answer and [decide](policy): return it,
+//!    or release the permit, wait, and send again.
+//!
+//! Every response returned carries a [`ThrottleInfo`] extension. When retries run out, the last
+//! response is returned as `Ok`: nothing is lost.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+#![warn(missing_debug_implementations, unreachable_pub)]
 
+mod body;
+mod builder;
+pub mod clock;
+mod error;
+mod extensions;
 pub mod headers;
+mod limiter;
+mod middleware;
+pub mod policy;
+mod quota;
 #[cfg(feature = "test-util")]
 pub mod testing;
+mod throttle;
+
+pub use builder::{
+    ThrottleBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_SERVER_WAIT, DEFAULT_WINDOW_GUARD,
+};
+pub use error::{BuildError, ThrottleError};
+pub use extensions::{Cost, NoRetry, ThrottleInfo};
+pub use throttle::{Stats, Throttle};

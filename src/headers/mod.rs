@@ -91,7 +91,11 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         return Some(Duration::from_secs(secs).min(MAX_HINT_DELAY));
     }
     let at = httpdate::parse_http_date(v).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO).min(MAX_HINT_DELAY))
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_HINT_DELAY),
+    )
 }
 
 fn limit_kind(v: &str) -> LimitKind {
@@ -110,5 +114,9 @@ fn limit_kind(v: &str) -> LimitKind {
 fn reset_at(v: &str, now: SystemTime) -> Option<Duration> {
     let ts: jiff::Timestamp = v.parse().ok()?;
     let at = SystemTime::try_from(ts).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO).min(MAX_HINT_DELAY))
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_HINT_DELAY),
+    )
 }

@@ -1,0 +1,212 @@
+//! [`ThrottleBuilder`]: settings, their defaults, and validation.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::Quota;
+use http::HeaderName;
+
+use crate::error::BuildError;
+use crate::policy::{Backoff, Jitter, RetryPolicy};
+use crate::quota::{Quotas, SlidingWindow, TokenBucket, MAX_TOKEN_BUCKETS};
+use crate::throttle::Throttle;
+
+/// Default number of retries after the first attempt.
+pub const DEFAULT_MAX_RETRIES: u32 = 6;
+/// Default first backoff delay: 1 s.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// Default largest backoff delay: 60 s.
+pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// Default longest wait the throttle honours when a server asks for one: 120 s.
+pub const DEFAULT_MAX_SERVER_WAIT: Duration = Duration::from_secs(120);
+/// Default time a send stays counted past its sliding window: 100 ms.
+pub const DEFAULT_WINDOW_GUARD: Duration = Duration::from_millis(100);
+
+/// Builds a [`Throttle`]. Setters never panic; [`build`](Self::build) checks everything.
+///
+/// # Defaults
+/// | setting | default | unit |
+/// |---|---|---|
+/// | quotas ([`sliding_window`](Self::sliding_window), [`token_bucket`](Self::token_bucket)) | none | |
+/// | [`max_in_flight`](Self::max_in_flight) | no cap | requests |
+/// | [`max_retries`](Self::max_retries) | 6 | retries after the first attempt |
+/// | [`backoff`](Self::backoff) | 1 s doubling to 60 s | seconds |
+/// | [`jitter`](Self::jitter) | on | |
+/// | [`jitter_seed`](Self::jitter_seed) | drawn from the thread RNG | |
+/// | [`max_server_wait`](Self::max_server_wait) | 120 s | seconds |
+/// | [`window_guard`](Self::window_guard) | 100 ms | milliseconds |
+/// | [`idempotency_key_header`](Self::idempotency_key_header) | none | |
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ThrottleBuilder {
+    windows: Vec<(u32, Duration)>,
+    buckets: Vec<Quota>,
+    max_in_flight: Option<usize>,
+    max_retries: u32,
+    backoff: (Duration, Duration),
+    jitter: bool,
+    seed: Option<u64>,
+    max_server_wait: Duration,
+    window_guard: Duration,
+    key_header: Option<HeaderName>,
+}
+
+impl Default for ThrottleBuilder {
+    fn default() -> Self {
+        Self {
+            windows: Vec::new(),
+            buckets: Vec::new(),
+            max_in_flight: None,
+            max_retries: DEFAULT_MAX_RETRIES,
+            backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
+            jitter: true,
+            seed: None,
+            max_server_wait: DEFAULT_MAX_SERVER_WAIT,
+            window_guard: DEFAULT_WINDOW_GUARD,
+            key_header: None,
+        }
+    }
+}
+
+impl ThrottleBuilder {
+    /// A builder with the defaults above.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a sliding-window quota: at most `limit` requests (quota units, see
+    /// [`Cost`](crate::Cost)) sent in any window of length `window`, counted exactly.
+    /// The first `limit` may go at once. This is what a server that counts "N per minute" over
+    /// a sliding window enforces. May be called several times; every quota must admit a request.
+    ///
+    /// `build` fails with [`BuildError::ZeroLimit`] or [`BuildError::ZeroWindow`].
+    pub fn sliding_window(mut self, limit: u32, window: Duration) -> Self {
+        self.windows.push((limit, window));
+        self
+    }
+
+    /// Adds a token-bucket quota (`governor`'s GCRA): cells replenish at the quota's rate, up to
+    /// its burst size.
+    ///
+    /// A bucket with burst B and rate N per window W admits up to B + N − 1 requests in the
+    /// first window of length W (e.g. `Quota::per_minute(120)` lets 239 through a rolling
+    /// minute): against a server that counts a sliding window, use
+    /// [`sliding_window`](Self::sliding_window). At most 64 token buckets.
+    pub fn token_bucket(mut self, quota: Quota) -> Self {
+        self.buckets.push(quota);
+        self
+    }
+
+    /// Caps requests in flight at `n`. A request is in flight from its send until its response
+    /// body has been read to the end, failed, or been dropped (so a streaming response counts
+    /// until it finishes). Waiters are served first in, first out.
+    ///
+    /// `build` fails with [`BuildError::ZeroInFlight`] for 0, and
+    /// [`BuildError::InFlightTooLarge`] above tokio's semaphore limit.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = Some(n);
+        self
+    }
+
+    /// Retries after the first attempt (so at most `n + 1` attempts). 0 turns retries off.
+    pub fn max_retries(mut self, n: u32) -> Self {
+        self.max_retries = n;
+        self
+    }
+
+    /// Exponential backoff used when the server gives no usable hint (and for parallel-request
+    /// 429s): `base`, doubling each retry, never above `cap` (applied after jitter).
+    ///
+    /// `build` fails with [`BuildError::ZeroBackoffBase`] or [`BuildError::BackoffBaseAboveCap`].
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.backoff = (base, cap);
+        self
+    }
+
+    /// Turns jitter on (default) or off. With jitter, backoff delays are drawn from
+    /// `[d/2, d]` and waits the server asked for get up to 10 % (at most 1 s) added, never
+    /// subtracted, so that callers refused together do not return together.
+    pub fn jitter(mut self, on: bool) -> Self {
+        self.jitter = on;
+        self
+    }
+
+    /// Seeds the jitter's random number generator, so that waits repeat exactly (for tests).
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The longest wait a server may ask for (`Retry-After`, a reset time) that the throttle
+    /// sleeps; a longer one returns the response at once, its
+    /// [`ThrottleInfo::stopped`](crate::ThrottleInfo::stopped) saying so. Also bounds the
+    /// shared cooldown.
+    pub fn max_server_wait(mut self, d: Duration) -> Self {
+        self.max_server_wait = d;
+        self
+    }
+
+    /// How long past its sliding window a send stays counted, to absorb the difference between
+    /// when this client sends and when the server counts (latency varies). Zero trusts the
+    /// network to keep sends in order and equally delayed.
+    pub fn window_guard(mut self, d: Duration) -> Self {
+        self.window_guard = d;
+        self
+    }
+
+    /// Names the header that carries an idempotency key (e.g. `Idempotency-Key`). A request
+    /// with a non-blank key in it may be resent after a 5xx or a broken connection even when
+    /// its method is not idempotent. This is safe only where the server honours the key.
+    pub fn idempotency_key_header(mut self, name: HeaderName) -> Self {
+        self.key_header = Some(name);
+        self
+    }
+
+    /// Checks the settings and builds the throttle.
+    ///
+    /// # Errors
+    /// A [`BuildError`] naming the first invalid setting.
+    pub fn build(self) -> Result<Throttle, BuildError> {
+        let (base, cap) = self.backoff;
+        if base.is_zero() {
+            return Err(BuildError::ZeroBackoffBase);
+        }
+        if base > cap {
+            return Err(BuildError::BackoffBaseAboveCap { base, cap });
+        }
+        match self.max_in_flight {
+            Some(0) => return Err(BuildError::ZeroInFlight),
+            Some(n) if n > tokio::sync::Semaphore::MAX_PERMITS => {
+                return Err(BuildError::InFlightTooLarge { max: n })
+            }
+            _ => {}
+        }
+        if self.buckets.len() > MAX_TOKEN_BUCKETS {
+            return Err(BuildError::TooManyTokenBuckets {
+                count: self.buckets.len(),
+            });
+        }
+        let mut windows = Vec::with_capacity(self.windows.len());
+        for &(limit, window) in &self.windows {
+            let limit = NonZeroU32::new(limit).ok_or(BuildError::ZeroLimit)?;
+            if window.is_zero() {
+                return Err(BuildError::ZeroWindow);
+            }
+            windows.push(SlidingWindow::new(limit, window, self.window_guard));
+        }
+        let buckets = self.buckets.into_iter().map(TokenBucket::new).collect();
+        let policy = RetryPolicy {
+            max_retries: self.max_retries,
+            backoff: Backoff { base, cap },
+            jitter: if self.jitter { Jitter::On } else { Jitter::Off },
+            max_server_wait: self.max_server_wait,
+        };
+        Ok(Throttle::new(
+            Quotas::new(windows, buckets),
+            self.max_in_flight,
+            policy,
+            self.seed,
+            self.key_header,
+        ))
+    }
+}

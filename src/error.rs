@@ -1,0 +1,65 @@
+//! Errors: [`BuildError`] from the builder, [`ThrottleError`] for requests the throttle refuses.
+
+use std::time::Duration;
+
+/// An invalid setting found by [`ThrottleBuilder::build`](crate::ThrottleBuilder::build).
+///
+/// Setters never panic; every check happens in `build`, which returns the first problem found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A sliding window was given a limit of zero requests.
+    #[error("sliding window limit must be at least 1 request")]
+    ZeroLimit,
+    /// A sliding window was given a zero-length window.
+    #[error("sliding window length must be greater than zero")]
+    ZeroWindow,
+    /// `max_in_flight(0)` would admit nothing.
+    #[error("max_in_flight must be at least 1")]
+    ZeroInFlight,
+    /// `max_in_flight` is above what a tokio semaphore can hold.
+    #[error(
+        "max_in_flight {max} is above the largest supported ({})",
+        tokio::sync::Semaphore::MAX_PERMITS
+    )]
+    InFlightTooLarge {
+        /// The cap given.
+        max: usize,
+    },
+    /// More token buckets than the throttle supports (64).
+    #[error("{count} token buckets given; at most 64 are supported")]
+    TooManyTokenBuckets {
+        /// The number given.
+        count: usize,
+    },
+    /// The backoff base is zero.
+    #[error("backoff base must be greater than zero")]
+    ZeroBackoffBase,
+    /// The backoff base is larger than its cap.
+    #[error("backoff base ({base:?}) is larger than its cap ({cap:?})")]
+    BackoffBaseAboveCap {
+        /// The first backoff delay given.
+        base: Duration,
+        /// The largest backoff delay given.
+        cap: Duration,
+    },
+}
+
+/// Why the throttle refused to send (or resend) a request itself.
+///
+/// Returned as [`reqwest_middleware::Error::Middleware`]; recover it with
+/// `err.downcast_ref::<ThrottleError>()` on the inner `anyhow::Error`.
+/// A server's own refusal is never turned into this error: the response is returned as it came.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ThrottleError {
+    /// The request's [`Cost`](crate::Cost) is larger than a quota can ever admit, so it would
+    /// wait forever.
+    #[error("request cost {cost} exceeds the capacity {capacity} of a quota")]
+    CostExceedsQuota {
+        /// The cost the request asked for, in quota units.
+        cost: u32,
+        /// The most the quota can admit at once, in quota units.
+        capacity: u32,
+    },
+}

@@ -1,0 +1,45 @@
+//! Per-request settings (request extensions) and the per-response report.
+
+use std::time::Duration;
+
+use crate::headers::Hints;
+use crate::policy::StopReason;
+
+/// How many quota units a request takes from every quota (default 1), set with
+/// `RequestBuilder::with_extension(Cost(n))`.
+///
+/// For a quota that counts tokens, give the request's expected tokens. `Cost(0)` passes the
+/// quotas without taking anything (it still takes an in-flight permit). A cost larger than a
+/// quota can ever admit fails at once with
+/// [`ThrottleError::CostExceedsQuota`](crate::ThrottleError::CostExceedsQuota) instead of
+/// waiting forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cost(pub u32);
+
+impl Default for Cost {
+    fn default() -> Self {
+        Cost(1)
+    }
+}
+
+/// Send this request once: no retry, whatever the answer. Set with
+/// `RequestBuilder::with_extension(NoRetry)`. The request is still paced and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NoRetry;
+
+/// What the throttle did for a request, in the extensions of every response it returns
+/// (`response.extensions().get::<ThrottleInfo>()`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ThrottleInfo {
+    /// Attempts made, the returned one included (1 when no retry was needed).
+    pub attempts: u32,
+    /// Time spent waiting in the throttle: for the cooldown, a permit, the quotas, and between
+    /// attempts. Request time is not included.
+    pub waited: Duration,
+    /// The rate-limit hints of the returned response.
+    pub hints: Hints,
+    /// Why the response was returned although it asked for a retry or was a recognised final
+    /// refusal; `None` when it was an ordinary answer.
+    pub stopped: Option<StopReason>,
+}

@@ -1,0 +1,161 @@
+//! Async admission: the shared cooldown, the in-flight permit, then the quotas.
+//!
+//! This is the only place (with the retry sleep in the middleware) that waits. Each step is
+//! FIFO: tokio's semaphore and mutex queue their waiters in order.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{sleep_until, Instant};
+
+use crate::error::ThrottleError;
+use crate::quota::{Progress, Quotas};
+
+/// Counters shared by every clone of a throttle and by the permits in response bodies.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) queued: AtomicUsize,
+    pub(crate) sent: AtomicU64,
+    pub(crate) responses_429: AtomicU64,
+    pub(crate) retries: AtomicU64,
+}
+
+/// Admission state of one throttle.
+#[derive(Debug)]
+pub(crate) struct Limiter {
+    /// Closed until this instant for every caller (the shared cooldown).
+    cooldown_until: Mutex<Option<Instant>>,
+    in_flight: Option<Arc<Semaphore>>,
+    /// `None` when no quota is configured, so that path takes no lock.
+    quotas: Option<tokio::sync::Mutex<Quotas>>,
+    capacity: Option<u32>,
+    counters: Arc<Counters>,
+}
+
+/// A request's right to be in flight. Dropping it releases the permit and the in-flight count.
+#[derive(Debug)]
+#[must_use = "dropping the admission releases the in-flight permit"]
+pub(crate) struct InFlight {
+    _permit: Option<OwnedSemaphorePermit>,
+    counters: Arc<Counters>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a caller as queued while it exists.
+struct Queued<'a>(&'a Counters);
+
+impl<'a> Queued<'a> {
+    fn new(counters: &'a Counters) -> Self {
+        counters.queued.fetch_add(1, Ordering::Relaxed);
+        Self(counters)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Limiter {
+    pub(crate) fn new(max_in_flight: Option<usize>, quotas: Quotas) -> Self {
+        let capacity = quotas.capacity();
+        Self {
+            cooldown_until: Mutex::new(None),
+            in_flight: max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+            quotas: (!quotas.is_empty()).then(|| tokio::sync::Mutex::new(quotas)),
+            capacity,
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Permits free now, or `None` with no in-flight cap.
+    pub(crate) fn available_permits(&self) -> Option<usize> {
+        self.in_flight.as_ref().map(|s| s.available_permits())
+    }
+
+    /// Closes the shared cooldown until `until` (never shortens one already closed longer).
+    pub(crate) fn close_until(&self, until: Instant) {
+        let mut gate = self
+            .cooldown_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if gate.is_none_or(|g| g < until) {
+            *gate = Some(until);
+        }
+    }
+
+    /// The instant the cooldown opens, if it is closed at `now`.
+    fn closed_until(&self, now: Instant) -> Option<Instant> {
+        let gate = self
+            .cooldown_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        gate.filter(|&g| g > now)
+    }
+
+    async fn pass_cooldown(&self) {
+        while let Some(until) = self.closed_until(Instant::now()) {
+            sleep_until(until).await;
+        }
+    }
+
+    /// Waits until a request of `cost` units may be sent: the cooldown is open, an in-flight
+    /// permit is held, and every quota admits it (and has recorded it).
+    ///
+    /// # Errors
+    /// [`ThrottleError::CostExceedsQuota`] at once when `cost` exceeds a quota's capacity.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future releases whatever it holds, and quotas are recorded
+    /// only in the last step, with no wait after it.
+    pub(crate) async fn admit(&self, cost: u32) -> Result<InFlight, ThrottleError> {
+        if let Some(capacity) = self.capacity.filter(|&c| cost > c) {
+            return Err(ThrottleError::CostExceedsQuota { cost, capacity });
+        }
+        let queued = Queued::new(&self.counters);
+        self.pass_cooldown().await;
+        let permit = match &self.in_flight {
+            // The semaphore is never closed.
+            Some(s) => s.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        match &self.quotas {
+            Some(quotas) => {
+                let mut quotas = quotas.lock().await;
+                let mut progress = Progress::default();
+                loop {
+                    let now = Instant::now();
+                    let ready = match self.closed_until(now) {
+                        Some(until) => until,
+                        None => match quotas.try_admit(cost, now, &mut progress) {
+                            Ok(()) => break,
+                            Err(ready) => ready,
+                        },
+                    };
+                    sleep_until(ready).await;
+                }
+            }
+            // The cooldown may have closed while this caller waited for its permit.
+            None => self.pass_cooldown().await,
+        }
+        drop(queued);
+        self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.counters.sent.fetch_add(1, Ordering::Relaxed);
+        Ok(InFlight {
+            _permit: permit,
+            counters: self.counters.clone(),
+        })
+    }
+}

@@ -1,0 +1,143 @@
+//! The `reqwest-middleware` adapter: admission, send, read hints, decide, and go again.
+//!
+//! Thin by design: admission lives in [`limiter`](crate::limiter), decisions in
+//! [`policy`](crate::policy), hint parsing in [`headers`](crate::headers).
+
+use std::time::{Duration, SystemTime};
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{Error, Middleware, Next, Result};
+use tokio::time::Instant;
+
+use crate::body::hold_until_body_ends;
+use crate::extensions::{Cost, NoRetry, ThrottleInfo};
+use crate::headers;
+use crate::policy::{cooldown, may_resend_after_failure, Decision, Outcome, RequestFacts};
+use crate::throttle::{Inner, Throttle};
+
+#[async_trait::async_trait]
+impl Middleware for Throttle {
+    /// Sends `req` through the throttle: waits for the cooldown, an in-flight permit and the
+    /// quotas, sends, and retries as the [`RetryPolicy`](crate::policy::RetryPolicy) decides.
+    ///
+    /// # Errors
+    /// The last transport error when it is not retried, or
+    /// [`ThrottleError`](crate::ThrottleError) (as `Error::Middleware`) when the throttle refuses
+    /// the request itself. A server's answer is always returned as `Ok`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any point releases the in-flight permit; a quota is charged only
+    /// for an attempt that was handed to the next layer to send.
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        self.inner.run(req, extensions, next).await
+    }
+}
+
+/// Whether a transport error may clear on a later attempt.
+fn is_transient(err: &Error) -> bool {
+    match err {
+        Error::Reqwest(e) => e.is_connect() || e.is_timeout() || e.is_request() || e.is_body(),
+        Error::Middleware(_) => false,
+    }
+}
+
+impl Inner {
+    async fn run(
+        &self,
+        mut req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        let cost = extensions.get::<Cost>().copied().unwrap_or_default().0;
+        let retry_allowed = extensions.get::<NoRetry>().is_none();
+        let resend_safe =
+            may_resend_after_failure(req.method(), req.headers(), self.key_header.as_ref());
+        let counters = self.limiter.counters();
+        let mut waited = Duration::ZERO;
+        let mut retries = 0;
+        loop {
+            let spare = if retry_allowed && retries < self.policy.max_retries {
+                req.try_clone()
+            } else {
+                None
+            };
+            let queued_at = Instant::now();
+            let permit = self.limiter.admit(cost).await.map_err(Error::middleware)?;
+            waited += queued_at.elapsed();
+            let result = next.clone().run(req, extensions).await;
+            let facts = RequestFacts {
+                retries,
+                resend_safe,
+                cloneable: spare.is_some(),
+                retry_allowed,
+            };
+            let decision = match result {
+                Ok(response) => {
+                    let hints = headers::parse(response.headers(), SystemTime::now());
+                    let status = response.status();
+                    if status == http::StatusCode::TOO_MANY_REQUESTS {
+                        counters
+                            .responses_429
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait) {
+                        self.limiter.close_until(Instant::now() + d);
+                    }
+                    let outcome = Outcome::Response {
+                        status,
+                        hints: &hints,
+                        codes: &[],
+                    };
+                    let stopped = match self.decide(&facts, outcome) {
+                        Decision::Retry { after } => Ok(after),
+                        Decision::Accept => Err(None),
+                        Decision::Stop(reason) => Err(Some(reason)),
+                    };
+                    match (stopped, spare) {
+                        (Ok(after), Some(spare)) => (after, spare),
+                        (stopped, _) => {
+                            let mut response = hold_until_body_ends(response, permit);
+                            response.extensions_mut().insert(ThrottleInfo {
+                                attempts: retries + 1,
+                                waited,
+                                hints,
+                                stopped: stopped.err().flatten(),
+                            });
+                            return Ok(response);
+                        }
+                    }
+                }
+                Err(err) => {
+                    let outcome = Outcome::Transport {
+                        transient: is_transient(&err),
+                    };
+                    match (self.decide(&facts, outcome), spare) {
+                        (Decision::Retry { after }, Some(spare)) => (after, spare),
+                        _ => return Err(err),
+                    }
+                }
+            };
+            // The permit (and any response body) is released before the wait.
+            drop(permit);
+            let (after, spare) = decision;
+            tokio::time::sleep(after).await;
+            waited += after;
+            retries += 1;
+            counters
+                .retries
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            req = spare;
+        }
+    }
+
+    fn decide(&self, facts: &RequestFacts, outcome: Outcome<'_>) -> Decision {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        self.policy.decide(facts, outcome, &mut *rng)
+    }
+}

@@ -1,0 +1,281 @@
+//! The retry decision: a pure function of the answer, the request and the policy.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use rand::Rng;
+
+use super::backoff::{Backoff, Jitter};
+use crate::headers::{Hints, LimitKind};
+
+/// Error codes in a 429 body that mean a quota is used up, not that the caller is too fast:
+/// waiting does not help.
+const QUOTA_EXHAUSTED: &[&str] = &["insufficient_quota", "quota_exceeded"];
+/// Error codes that are final answers whatever the status says.
+const FINAL_CODES: &[&str] = &[
+    "entitlement-required",
+    "idempotency_key_reused",
+    "run_already_started",
+];
+/// 409 code that means "the first request with this key is still starting: ask again soon".
+const IN_PROGRESS: &str = "idempotency_in_progress";
+/// Wait for [`IN_PROGRESS`] when the server gives no `Retry-After`.
+const IN_PROGRESS_WAIT: Duration = Duration::from_secs(1);
+/// Anthropic's "overloaded" status.
+const OVERLOADED: u16 = 529;
+
+/// How retries are decided: attempts, backoff, jitter, and the longest server wait honoured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (so `max_retries + 1` attempts at most).
+    pub max_retries: u32,
+    /// Delays when the server gives no usable hint.
+    pub backoff: Backoff,
+    /// Whether and how waits are spread.
+    pub jitter: Jitter,
+    /// A wait the server asks for that is longer than this is not slept: the answer is returned.
+    pub max_server_wait: Duration,
+}
+
+/// What one attempt produced.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome<'a> {
+    /// The server answered.
+    Response {
+        /// The status code.
+        status: StatusCode,
+        /// Hints read from the headers.
+        hints: &'a Hints,
+        /// Error codes read from the body (problem+json `type`/`code`/`reason`, or the
+        /// OpenAI-style `error.code`/`error.type`), if the body was read.
+        codes: &'a [&'a str],
+    },
+    /// The request failed in transport.
+    Transport {
+        /// `true` for failures that may clear (connect, timeout, reset, cut-off body);
+        /// `false` for ones that cannot (a bad URL, a TLS backend not compiled in).
+        transient: bool,
+    },
+}
+
+/// What is known of the request being decided on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// Retries already made for this request (0 after the first attempt).
+    pub retries: u32,
+    /// Whether it may be sent again after it may have run: an idempotent method or an
+    /// idempotency key (see [`may_resend_after_failure`](super::may_resend_after_failure)).
+    pub resend_safe: bool,
+    /// Whether a copy of it could be kept for a retry (a streaming body cannot).
+    pub cloneable: bool,
+    /// `false` when the caller opted out of retries for this request.
+    pub retry_allowed: bool,
+}
+
+/// The decision for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Return the answer: it is not one that asks for a retry.
+    Accept,
+    /// Send again after waiting `after`.
+    Retry {
+        /// The wait before the next attempt, jitter included.
+        after: Duration,
+    },
+    /// The answer asked for a retry, or was a recognised final refusal, and it is returned:
+    /// the reason says why it was not retried.
+    Stop(StopReason),
+}
+
+/// Why an answer that a retry might have changed was returned as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// `max_retries` retries were made.
+    RetriesExhausted,
+    /// The request may have run on the server, and it is neither idempotent nor keyed.
+    NotSafeToResend,
+    /// The request's body is a stream that cannot be sent twice.
+    BodyNotCloneable,
+    /// The caller asked for no retries ([`NoRetry`](crate::NoRetry)).
+    RetryDisabled,
+    /// The server asked for a wait longer than `max_server_wait`.
+    WaitTooLong {
+        /// The wait the server asked for.
+        asked: Duration,
+    },
+    /// The server's answer is final: waiting does not change it (401, a used-up quota, a
+    /// refused entitlement, a conflicting idempotency key). Holds the status and the code.
+    Final {
+        /// The status code of the answer.
+        status: u16,
+        /// The error code that made it final, or empty for a plain 401.
+        code: String,
+    },
+}
+
+/// The wait an answer asks for, before bounds are applied.
+struct Wait {
+    /// The wait, jitter included.
+    after: Duration,
+    /// The part of it the server asked for, if any (bounded by `max_server_wait`).
+    asked: Option<Duration>,
+    /// Whether the request may have run, so that resending needs [`RequestFacts::resend_safe`].
+    may_have_run: bool,
+}
+
+impl RetryPolicy {
+    /// Decides what to do with `outcome`. `rng` draws the jitter.
+    pub fn decide(
+        &self,
+        facts: &RequestFacts,
+        outcome: Outcome<'_>,
+        rng: &mut impl Rng,
+    ) -> Decision {
+        let wait = match self.wait_for(facts, outcome, rng) {
+            Ok(Some(wait)) => wait,
+            Ok(None) => return Decision::Accept,
+            Err(reason) => return Decision::Stop(reason),
+        };
+        let stop = if !facts.retry_allowed {
+            Some(StopReason::RetryDisabled)
+        } else if wait.may_have_run && !facts.resend_safe {
+            Some(StopReason::NotSafeToResend)
+        } else if !facts.cloneable {
+            Some(StopReason::BodyNotCloneable)
+        } else if facts.retries >= self.max_retries {
+            Some(StopReason::RetriesExhausted)
+        } else {
+            wait.asked
+                .filter(|&asked| asked > self.max_server_wait)
+                .map(|asked| StopReason::WaitTooLong { asked })
+        };
+        match stop {
+            Some(reason) => Decision::Stop(reason),
+            None => Decision::Retry { after: wait.after },
+        }
+    }
+
+    fn wait_for(
+        &self,
+        facts: &RequestFacts,
+        outcome: Outcome<'_>,
+        rng: &mut impl Rng,
+    ) -> Result<Option<Wait>, StopReason> {
+        let backoff = |rng: &mut _| self.jitter.spread(self.backoff.delay(facts.retries), rng);
+        let (status, hints, codes) = match outcome {
+            Outcome::Transport { transient: false } => return Ok(None),
+            Outcome::Transport { transient: true } => {
+                return Ok(Some(Wait {
+                    after: backoff(rng),
+                    asked: None,
+                    may_have_run: true,
+                }))
+            }
+            Outcome::Response {
+                status,
+                hints,
+                codes,
+            } => (status, hints, codes),
+        };
+        let final_code = |list: &[&str]| {
+            codes
+                .iter()
+                .find(|c| list.contains(c))
+                .map(|c| StopReason::Final {
+                    status: status.as_u16(),
+                    code: (*c).to_owned(),
+                })
+        };
+        let asked = |d: Duration, may_have_run: bool, rng: &mut _| Wait {
+            after: self.jitter.add(d, rng),
+            asked: Some(d),
+            may_have_run,
+        };
+        match status.as_u16() {
+            401 => Err(StopReason::Final {
+                status: 401,
+                code: String::new(),
+            }),
+            429 => {
+                if let Some(reason) = final_code(QUOTA_EXHAUSTED) {
+                    return Err(reason);
+                }
+                Ok(Some(self.rate_limited(facts, hints, rng)))
+            }
+            409 if codes.contains(&IN_PROGRESS) => {
+                let d = hints.retry_after.unwrap_or(IN_PROGRESS_WAIT);
+                Ok(Some(asked(d, false, rng)))
+            }
+            403 | 409 => final_code(FINAL_CODES).map_or(Ok(None), Err),
+            408 | 500 | 502 | 503 | 504 | OVERLOADED => Ok(Some(match hints.retry_after {
+                Some(d) => asked(d, true, rng),
+                None => Wait {
+                    after: backoff(rng),
+                    asked: None,
+                    may_have_run: true,
+                },
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    /// The wait after a 429, which the server sends before doing anything, so it is always safe
+    /// to resend.
+    fn rate_limited(&self, facts: &RequestFacts, hints: &Hints, rng: &mut impl Rng) -> Wait {
+        let server_wait = |d: Duration, rng: &mut _| Wait {
+            after: self.jitter.add(d, rng),
+            asked: Some(d),
+            may_have_run: false,
+        };
+        match hints.limit_kind {
+            // A parallel-request limit clears when one of the caller's requests ends, usually well
+            // before `Retry-After`, which is then only an upper bound: back off from the base,
+            // doubling, capped at `Retry-After`, jitter inside the cap.
+            Some(LimitKind::Concurrency) => {
+                let d = self.backoff.delay(facts.retries);
+                let d = hints.retry_after.map_or(d, |cap| d.min(cap));
+                Wait {
+                    after: self.jitter.spread(d, rng),
+                    asked: None,
+                    may_have_run: false,
+                }
+            }
+            // A window limit clears at its reset: wait for it, jitter on top.
+            Some(LimitKind::Requests | LimitKind::Tokens) => {
+                match hints.reset_after.or(hints.retry_after) {
+                    Some(d) => server_wait(d, rng),
+                    None => self.unhinted(facts, rng),
+                }
+            }
+            // Unknown type: `Retry-After` is the least wait, then the reset time.
+            Some(LimitKind::Other) | None => match hints.retry_after.or(hints.reset_after) {
+                Some(d) => server_wait(d, rng),
+                None => self.unhinted(facts, rng),
+            },
+        }
+    }
+
+    fn unhinted(&self, facts: &RequestFacts, rng: &mut impl Rng) -> Wait {
+        Wait {
+            after: self.jitter.spread(self.backoff.delay(facts.retries), rng),
+            asked: None,
+            may_have_run: false,
+        }
+    }
+}
+
+/// How long every caller sharing the throttle should hold off after this answer, if at all
+/// (the shared cooldown). A window-type 429, or a 429 with a reset time and no known type,
+/// closes the gate until the reset. Bounded by `max_wait`.
+pub fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
+    if status != StatusCode::TOO_MANY_REQUESTS {
+        return None;
+    }
+    let d = match hints.limit_kind {
+        Some(LimitKind::Requests | LimitKind::Tokens) => hints.reset_after.or(hints.retry_after),
+        Some(LimitKind::Concurrency) => None,
+        Some(LimitKind::Other) | None => hints.reset_after,
+    }?;
+    Some(d.min(max_wait))
+}

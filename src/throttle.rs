@@ -1,0 +1,112 @@
+//! [`Throttle`]: the shared handle, and its [`Stats`].
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use http::HeaderName;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use crate::builder::ThrottleBuilder;
+use crate::limiter::Limiter;
+use crate::policy::RetryPolicy;
+use crate::quota::Quotas;
+
+/// A rate limiter for one API (one quota holder), as `reqwest-middleware` middleware.
+///
+/// Cloning is cheap (an `Arc`): clones share every quota, permit, cooldown and counter, so one
+/// `Throttle` cloned into many clients or tasks keeps all of them, together, inside the limits.
+/// See the [crate docs](crate) for the path of a request.
+#[derive(Clone)]
+pub struct Throttle {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) limiter: Limiter,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) rng: Mutex<SmallRng>,
+    pub(crate) key_header: Option<HeaderName>,
+    pub(crate) max_in_flight: Option<usize>,
+}
+
+/// A snapshot of a throttle's counters, from [`Throttle::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Requests sent and not yet finished (response body not yet read to the end or dropped).
+    pub in_flight: usize,
+    /// Callers waiting to be admitted (cooldown, permit or quota).
+    pub queued: usize,
+    /// Attempts sent, retries included.
+    pub sent: u64,
+    /// Responses with status 429 received.
+    pub responses_429: u64,
+    /// Retries made (attempts after a request's first).
+    pub retries: u64,
+    /// In-flight permits free now, or `None` with no in-flight cap.
+    pub available_permits: Option<usize>,
+}
+
+impl Throttle {
+    /// A builder with the documented defaults.
+    pub fn builder() -> ThrottleBuilder {
+        ThrottleBuilder::new()
+    }
+
+    pub(crate) fn new(
+        quotas: Quotas,
+        max_in_flight: Option<usize>,
+        policy: RetryPolicy,
+        seed: Option<u64>,
+        key_header: Option<HeaderName>,
+    ) -> Self {
+        let rng = match seed {
+            Some(seed) => SmallRng::seed_from_u64(seed),
+            None => SmallRng::from_rng(&mut rand::rng()),
+        };
+        Self {
+            inner: Arc::new(Inner {
+                limiter: Limiter::new(max_in_flight, quotas),
+                policy,
+                rng: Mutex::new(rng),
+                key_header,
+                max_in_flight,
+            }),
+        }
+    }
+
+    /// The counters now. Reading them takes no lock.
+    pub fn stats(&self) -> Stats {
+        let c = self.inner.limiter.counters();
+        Stats {
+            in_flight: c.in_flight.load(Ordering::Relaxed),
+            queued: c.queued.load(Ordering::Relaxed),
+            sent: c.sent.load(Ordering::Relaxed),
+            responses_429: c.responses_429.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+            available_permits: self.inner.limiter.available_permits(),
+        }
+    }
+
+    /// The retry policy this throttle applies.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.policy
+    }
+}
+
+impl fmt::Debug for Throttle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Throttle")
+            .field("max_in_flight", &self.inner.max_in_flight)
+            .field("policy", &self.inner.policy)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+const _: fn() = || {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<Throttle>();
+};
