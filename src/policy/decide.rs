@@ -141,10 +141,10 @@ impl RetryPolicy {
             Some(StopReason::RetryDisabled)
         } else if wait.may_have_run && !facts.resend_safe {
             Some(StopReason::NotSafeToResend)
-        } else if !facts.cloneable {
-            Some(StopReason::BodyNotCloneable)
         } else if facts.retries >= self.max_retries {
             Some(StopReason::RetriesExhausted)
+        } else if !facts.cloneable {
+            Some(StopReason::BodyNotCloneable)
         } else {
             wait.asked
                 .filter(|&asked| asked > self.max_server_wait)
@@ -278,4 +278,329 @@ pub fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option
         Some(LimitKind::Other) | None => hints.reset_after,
     }?;
     Some(d.min(max_wait))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn policy(jitter: Jitter) -> RetryPolicy {
+        RetryPolicy {
+            max_retries: 6,
+            backoff: Backoff {
+                base: S,
+                cap: 60 * S,
+            },
+            jitter,
+            max_server_wait: 120 * S,
+        }
+    }
+
+    fn facts(retries: u32) -> RequestFacts {
+        RequestFacts {
+            retries,
+            resend_safe: false,
+            cloneable: true,
+            retry_allowed: true,
+        }
+    }
+
+    fn hints(kind: Option<LimitKind>, retry_after: Option<u64>, reset: Option<u64>) -> Hints {
+        Hints {
+            retry_after: retry_after.map(Duration::from_secs),
+            limit_kind: kind,
+            reset_after: reset.map(Duration::from_secs),
+            ..Hints::default()
+        }
+    }
+
+    fn decide_with(
+        p: &RetryPolicy,
+        f: &RequestFacts,
+        status: u16,
+        h: &Hints,
+        codes: &[&str],
+    ) -> Decision {
+        let outcome = Outcome::Response {
+            status: StatusCode::from_u16(status).unwrap(),
+            hints: h,
+            codes,
+        };
+        p.decide(f, outcome, &mut SmallRng::seed_from_u64(42))
+    }
+
+    fn decide(status: u16, h: &Hints) -> Decision {
+        decide_with(&policy(Jitter::Off), &facts(0), status, h, &[])
+    }
+
+    fn retry(secs: u64) -> Decision {
+        Decision::Retry {
+            after: Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn success_and_plain_errors_are_accepted() {
+        for status in [200, 201, 204, 301, 400, 403, 404, 409, 422] {
+            assert_eq!(
+                decide(status, &Hints::default()),
+                Decision::Accept,
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn window_429_waits_for_the_reset_not_retry_after() {
+        let h = hints(Some(LimitKind::Requests), Some(60), Some(7));
+        assert_eq!(decide(429, &h), retry(7));
+        let h = hints(Some(LimitKind::Tokens), Some(60), None);
+        assert_eq!(decide(429, &h), retry(60));
+    }
+
+    #[test]
+    fn parallel_429_backs_off_from_base_capped_at_retry_after() {
+        let h = hints(Some(LimitKind::Concurrency), Some(5), Some(60));
+        let p = policy(Jitter::Off);
+        let waits: Vec<_> = (0..5)
+            .map(|r| decide_with(&p, &facts(r), 429, &h, &[]))
+            .collect();
+        assert_eq!(
+            waits,
+            vec![retry(1), retry(2), retry(4), retry(5), retry(5)]
+        );
+    }
+
+    #[test]
+    fn parallel_429_jitter_stays_under_the_cap() {
+        let h = hints(Some(LimitKind::Concurrency), Some(3), None);
+        let p = policy(Jitter::On);
+        for seed in 0..200 {
+            let d = p.decide(
+                &facts(4),
+                Outcome::Response {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    hints: &h,
+                    codes: &[],
+                },
+                &mut SmallRng::seed_from_u64(seed),
+            );
+            let Decision::Retry { after } = d else {
+                panic!("expected a retry, got {d:?}")
+            };
+            assert!(after <= 3 * S && after >= 3 * S / 2, "{after:?}");
+        }
+    }
+
+    #[test]
+    fn untyped_429_honours_retry_after_as_the_least_wait() {
+        let p = policy(Jitter::On);
+        let h = hints(None, Some(12), None);
+        for seed in 0..200 {
+            let d = p.decide(
+                &facts(0),
+                Outcome::Response {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    hints: &h,
+                    codes: &[],
+                },
+                &mut SmallRng::seed_from_u64(seed),
+            );
+            let Decision::Retry { after } = d else {
+                panic!("expected a retry, got {d:?}")
+            };
+            assert!(after >= 12 * S && after <= 13 * S, "{after:?}");
+        }
+        assert_eq!(decide(429, &hints(None, None, Some(9))), retry(9));
+    }
+
+    #[test]
+    fn unhinted_429_uses_exponential_backoff() {
+        let p = policy(Jitter::Off);
+        let h = Hints::default();
+        let waits: Vec<_> = [0, 1, 2, 6, 7]
+            .into_iter()
+            .map(|r| {
+                decide_with(
+                    &p,
+                    &RequestFacts {
+                        retries: r,
+                        ..facts(0)
+                    },
+                    429,
+                    &h,
+                    &[],
+                )
+            })
+            .collect();
+        let mut want = vec![retry(1), retry(2), retry(4), retry(60)];
+        want.push(Decision::Stop(StopReason::RetriesExhausted));
+        // retries = 6 is the last allowed retry count, so 7 is exhausted as well as 6.
+        assert_eq!(waits[..3], want[..3]);
+        assert_eq!(waits[3], Decision::Stop(StopReason::RetriesExhausted));
+        assert_eq!(waits[4], Decision::Stop(StopReason::RetriesExhausted));
+        let p = RetryPolicy {
+            max_retries: 10,
+            ..policy(Jitter::Off)
+        };
+        assert_eq!(decide_with(&p, &facts(6), 429, &h, &[]), retry(60));
+    }
+
+    #[test]
+    fn a_429_is_resent_even_for_post() {
+        // `resend_safe: false` in `facts`: a 429 never ran, so it is still retried.
+        assert_eq!(decide(429, &hints(None, Some(2), None)), retry(2));
+    }
+
+    #[test]
+    fn server_errors_need_resend_safety() {
+        let h = hints(None, Some(3), None);
+        let p = policy(Jitter::Off);
+        for status in [408, 500, 502, 503, 504, 529] {
+            assert_eq!(
+                decide_with(&p, &facts(0), status, &h, &[]),
+                Decision::Stop(StopReason::NotSafeToResend),
+                "{status}"
+            );
+            let safe = RequestFacts {
+                resend_safe: true,
+                ..facts(0)
+            };
+            assert_eq!(
+                decide_with(&p, &safe, status, &h, &[]),
+                retry(3),
+                "{status}"
+            );
+            assert_eq!(
+                decide_with(
+                    &p,
+                    &RequestFacts { retries: 2, ..safe },
+                    status,
+                    &Hints::default(),
+                    &[]
+                ),
+                retry(4),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn final_answers_are_not_retried() {
+        let h = hints(None, Some(1), None);
+        let fin = |status: u16, code: &str| {
+            Decision::Stop(StopReason::Final {
+                status,
+                code: code.to_owned(),
+            })
+        };
+        let p = policy(Jitter::Off);
+        assert_eq!(decide(401, &h), fin(401, ""));
+        for code in ["insufficient_quota", "quota_exceeded"] {
+            assert_eq!(decide_with(&p, &facts(0), 429, &h, &[code]), fin(429, code));
+        }
+        assert_eq!(
+            decide_with(
+                &p,
+                &facts(0),
+                403,
+                &h,
+                &["entitlement-required", "limit_reached"]
+            ),
+            fin(403, "entitlement-required")
+        );
+        for code in ["idempotency_key_reused", "run_already_started"] {
+            assert_eq!(decide_with(&p, &facts(0), 409, &h, &[code]), fin(409, code));
+        }
+    }
+
+    #[test]
+    fn idempotency_in_progress_waits_for_retry_after() {
+        let p = policy(Jitter::Off);
+        let code = ["idempotency_in_progress"];
+        assert_eq!(
+            decide_with(&p, &facts(0), 409, &hints(None, Some(3), None), &code),
+            retry(3)
+        );
+        assert_eq!(
+            decide_with(&p, &facts(0), 409, &Hints::default(), &code),
+            retry(1)
+        );
+    }
+
+    #[test]
+    fn bounds_stop_a_retry_with_the_reason() {
+        let p = policy(Jitter::Off);
+        let h = hints(Some(LimitKind::Requests), None, Some(5));
+        let no = RequestFacts {
+            retry_allowed: false,
+            ..facts(0)
+        };
+        assert_eq!(
+            decide_with(&p, &no, 429, &h, &[]),
+            Decision::Stop(StopReason::RetryDisabled)
+        );
+        let stream = RequestFacts {
+            cloneable: false,
+            ..facts(0)
+        };
+        assert_eq!(
+            decide_with(&p, &stream, 429, &h, &[]),
+            Decision::Stop(StopReason::BodyNotCloneable)
+        );
+        let far = hints(Some(LimitKind::Requests), None, Some(121));
+        assert_eq!(
+            decide_with(&p, &facts(0), 429, &far, &[]),
+            Decision::Stop(StopReason::WaitTooLong { asked: 121 * S })
+        );
+    }
+
+    #[test]
+    fn transport_errors() {
+        let p = policy(Jitter::Off);
+        let rng = &mut SmallRng::seed_from_u64(0);
+        let transient = Outcome::Transport { transient: true };
+        let permanent = Outcome::Transport { transient: false };
+        assert_eq!(
+            p.decide(&facts(0), transient, rng),
+            Decision::Stop(StopReason::NotSafeToResend)
+        );
+        let safe = RequestFacts {
+            resend_safe: true,
+            ..facts(1)
+        };
+        assert_eq!(p.decide(&safe, transient, rng), retry(2));
+        assert_eq!(p.decide(&safe, permanent, rng), Decision::Accept);
+    }
+
+    #[test]
+    fn cooldown_only_for_window_limits() {
+        let max = 120 * S;
+        let tmr = StatusCode::TOO_MANY_REQUESTS;
+        let c = |h: &Hints| cooldown(tmr, h, max);
+        assert_eq!(
+            c(&hints(Some(LimitKind::Requests), Some(60), Some(8))),
+            Some(8 * S)
+        );
+        assert_eq!(
+            c(&hints(Some(LimitKind::Tokens), Some(60), None)),
+            Some(60 * S)
+        );
+        assert_eq!(
+            c(&hints(Some(LimitKind::Concurrency), Some(60), Some(60))),
+            None
+        );
+        assert_eq!(c(&hints(None, None, Some(4))), Some(4 * S));
+        assert_eq!(c(&hints(None, Some(4), None)), None);
+        assert_eq!(
+            c(&hints(Some(LimitKind::Requests), None, Some(1000))),
+            Some(max)
+        );
+        let ok = hints(Some(LimitKind::Requests), Some(60), Some(8));
+        assert_eq!(cooldown(StatusCode::OK, &ok, max), None);
+    }
 }
