@@ -9,6 +9,9 @@ use tokio::time::Instant;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+mod common;
+use common::FakeServer;
+
 const S: Duration = Duration::from_secs(1);
 
 fn client(throttle: &Throttle) -> ClientWithMiddleware {
@@ -64,7 +67,11 @@ async fn when_retries_run_out_the_last_response_is_returned() {
         .expect(3)
         .mount(&server)
         .await;
-    let throttle = Throttle::builder().max_retries(2).jitter(false).build().unwrap();
+    let throttle = Throttle::builder()
+        .max_retries(2)
+        .jitter(false)
+        .build()
+        .unwrap();
     let r = client(&throttle)
         .post(format!("{}/x", server.uri()))
         .body("payload")
@@ -92,7 +99,11 @@ async fn server_errors_are_resent_only_when_idempotent() {
         .expect(3)
         .mount(&server)
         .await;
-    let throttle = Throttle::builder().max_retries(2).jitter(false).build().unwrap();
+    let throttle = Throttle::builder()
+        .max_retries(2)
+        .jitter(false)
+        .build()
+        .unwrap();
     let c = client(&throttle);
     let r = c.post(server.uri()).body("x").send().await.unwrap();
     assert_eq!(info(&r).stopped, Some(StopReason::NotSafeToResend));
@@ -161,7 +172,11 @@ async fn the_permit_is_held_until_the_body_is_done() {
     while throttle.stats().queued == 0 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(throttle.stats().sent, 1, "the second request waits for the permit");
+    assert_eq!(
+        throttle.stats().sent,
+        1,
+        "the second request waits for the permit"
+    );
 
     assert_eq!(first.text().await.unwrap(), "hello");
     assert_eq!(second.await.unwrap(), "hello");
@@ -215,29 +230,56 @@ async fn the_response_keeps_its_status_headers_url_and_length() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sliding_window_paces_sends() {
-    let server = MockServer::start().await;
-    Mock::given(path("/x"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = FakeServer::ok();
     let throttle = Throttle::builder()
         .sliding_window(3, 10 * S)
         .window_guard(Duration::ZERO)
         .build()
         .unwrap();
-    let c = client(&throttle);
+    let c = server.client(&throttle);
     let t0 = Instant::now();
-    let mut offsets = Vec::new();
     for _ in 0..7 {
-        let r = c.get(format!("{}/x", server.uri())).send().await.unwrap();
-        offsets.push(info(&r).waited);
+        c.get("http://api.test/x").send().await.unwrap();
     }
-    let whole = |d: Duration| d.as_secs();
-    assert_eq!(
-        offsets.into_iter().map(whole).collect::<Vec<_>>(),
-        vec![0, 0, 0, 10, 0, 0, 10]
-    );
-    assert!(Instant::now() - t0 >= 20 * S);
+    let offsets: Vec<_> = server
+        .seen()
+        .iter()
+        .map(|s| (s.at - t0).as_secs())
+        .collect();
+    assert_eq!(offsets, vec![0, 0, 0, 10, 10, 10, 20]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_callers_never_exceed_the_window_and_finish_at_the_minimum() {
+    let server = FakeServer::ok();
+    let throttle = Throttle::builder()
+        .sliding_window(10, S)
+        .max_in_flight(4)
+        .window_guard(Duration::ZERO)
+        .build()
+        .unwrap();
+    let c = server.client(&throttle);
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.get("http://api.test/x").send().await.unwrap().status() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let at: Vec<_> = server.seen().iter().map(|s| s.at).collect();
+    assert_eq!(at.len(), 50);
+    for (i, &start) in at.iter().enumerate() {
+        let in_window = at[i..].iter().filter(|&&t| t < start + S).count();
+        assert!(
+            in_window <= 10,
+            "{in_window} sends in the window from send {i}"
+        );
+    }
+    // 50 sends at 10 per second, the first 10 at once: the last goes at 4 s.
+    assert_eq!(*at.last().unwrap() - t0, 4 * S);
 }
 
 #[tokio::test(start_paused = true)]
@@ -288,11 +330,19 @@ async fn a_reset_in_the_past_means_retry_now_and_leaves_no_cooldown() {
     // A window type whose reset is already past: the reset, not the 60 s Retry-After, counts.
     let throttle = Throttle::builder().jitter(false).build().unwrap();
     let c = client(&throttle);
-    let r = c.get(format!("{}/limited", server.uri())).send().await.unwrap();
+    let r = c
+        .get(format!("{}/limited", server.uri()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(info(&r).attempts, 2);
     // A past reset is zero wait: no cooldown is left for the next caller.
-    let r = c.get(format!("{}/other", server.uri())).send().await.unwrap();
+    let r = c
+        .get(format!("{}/other", server.uri()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(info(&r).waited, Duration::ZERO);
 }
 
@@ -300,9 +350,7 @@ async fn a_reset_in_the_past_means_retry_now_and_leaves_no_cooldown() {
 async fn a_window_429_closes_the_cooldown_for_other_callers() {
     let server = MockServer::start().await;
     Mock::given(path("/limited"))
-        .respond_with(
-            too_many("5").insert_header("rate_limit_type", "requests_per_minute"),
-        )
+        .respond_with(too_many("5").insert_header("rate_limit_type", "requests_per_minute"))
         .up_to_n_times(1)
         .mount(&server)
         .await;
@@ -324,7 +372,11 @@ async fn a_window_429_closes_the_cooldown_for_other_callers() {
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let r = c.get(format!("{}/other", server.uri())).send().await.unwrap();
+    let r = c
+        .get(format!("{}/other", server.uri()))
+        .send()
+        .await
+        .unwrap();
     let waited = info(&r).waited;
     assert!(waited > 4 * S && waited <= 5 * S, "{waited:?}");
     assert_eq!(info(&first.await.unwrap()).attempts, 2);

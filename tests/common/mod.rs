@@ -1,0 +1,89 @@
+//! Test support: an in-process fake server as the last middleware, so tests with paused tokio
+//! time see every send at its exact virtual instant (no socket, no thread, no wall clock).
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_throttle::Throttle;
+use tokio::time::Instant;
+
+/// One request as the fake server saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub at: Instant,
+    pub method: http::Method,
+    pub path: String,
+    pub headers: http::HeaderMap,
+    pub body: Option<Vec<u8>>,
+}
+
+type Answer = dyn Fn(usize, &Request) -> http::Response<reqwest::Body> + Send + Sync;
+
+/// Answers each request with `answer(index, request)` and records it.
+#[derive(Clone)]
+pub struct FakeServer {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    answer: Arc<Answer>,
+}
+
+impl FakeServer {
+    pub fn new(
+        answer: impl Fn(usize, &Request) -> http::Response<reqwest::Body> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            seen: Arc::default(),
+            answer: Arc::new(answer),
+        }
+    }
+
+    /// Always `200 OK` with an empty body.
+    pub fn ok() -> Self {
+        Self::new(|_, _| status(200))
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn client(&self, throttle: &Throttle) -> ClientWithMiddleware {
+        ClientBuilder::new(reqwest::Client::new())
+            .with(throttle.clone())
+            .with(self.clone())
+            .build()
+    }
+}
+
+/// A response with `status` and an empty body.
+pub fn status(code: u16) -> http::Response<reqwest::Body> {
+    http::Response::builder()
+        .status(code)
+        .body(reqwest::Body::from(""))
+        .unwrap()
+}
+
+#[async_trait::async_trait]
+impl Middleware for FakeServer {
+    async fn handle(
+        &self,
+        req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let index = {
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(Seen {
+                at: Instant::now(),
+                method: req.method().clone(),
+                path: req.url().path().to_owned(),
+                headers: req.headers().clone(),
+                body: req.body().and_then(|b| b.as_bytes()).map(<[u8]>::to_vec),
+            });
+            seen.len() - 1
+        };
+        Ok(Response::from((self.answer)(index, &req)))
+    }
+}
