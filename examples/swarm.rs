@@ -1,0 +1,384 @@
+//! The main job: a swarm of agents calls one rate-limited API through one shared `Throttle`.
+//!
+//! By default it starts the simulated gateway on loopback with the seed's limits, time scaled
+//! by 10 (120 requests per 6 s, 20 parallel, ~50 ms service time, every fifth request a
+//! streaming response), and sends 600 requests from 50 concurrent agents.
+//!
+//! ```text
+//! cargo run --release --example swarm                 # progress bar, then a summary
+//! cargo run --release --example swarm -- --json       # the summary as one JSON line
+//! cargo run --release --example swarm -- --compare    # also run a plain client, for contrast
+//! cargo run --release --example swarm -- --no-quota   # only max_in_flight: limits learned from 429s
+//! cargo run --release --example swarm -- --url http://127.0.0.1:8080/v1/chat \
+//!     --header 'Authorization: Bearer KEY' --rpm 120 --parallel 20 -n 200
+//! ```
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_throttle::testing::{Gateway, GatewayConfig};
+use reqwest_throttle::Throttle;
+use tokio::time::Instant;
+
+const USAGE: &str = "usage: swarm [--json] [--compare] [--no-quota] [-n REQUESTS] [--agents N]
+             [--url URL [--header 'Name: value']... [--rpm N] [--window-secs S] [--parallel N]]";
+
+#[derive(Debug, Clone)]
+struct Args {
+    json: bool,
+    compare: bool,
+    no_quota: bool,
+    requests: usize,
+    agents: usize,
+    url: Option<String>,
+    headers: Vec<(String, String)>,
+    per_window: u32,
+    window: Duration,
+    parallel: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        json: false,
+        compare: false,
+        no_quota: false,
+        requests: 600,
+        agents: 50,
+        url: None,
+        headers: Vec::new(),
+        per_window: 120,
+        window: Duration::from_secs(6),
+        parallel: 20,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
+        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--json" => a.json = true,
+            "--compare" => a.compare = true,
+            "--no-quota" => a.no_quota = true,
+            "-n" | "--requests" => a.requests = number(value()?)? as usize,
+            "--agents" => a.agents = number(value()?)?.max(1) as usize,
+            "--url" => {
+                a.url = Some(value()?);
+                // A real API: the seed's limits in real time unless told otherwise.
+                a.window = Duration::from_secs(60);
+            }
+            "--header" => {
+                let h = value()?;
+                let (name, v) = h.split_once(':').ok_or(format!("--header {h:?}: no ':'"))?;
+                a.headers
+                    .push((name.trim().to_owned(), v.trim().to_owned()));
+            }
+            "--rpm" => a.per_window = number(value()?)? as u32,
+            "--window-secs" => a.window = Duration::from_secs(number(value()?)?),
+            "--parallel" => a.parallel = number(value()?)? as usize,
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+/// What one run of the swarm measured.
+#[derive(Debug, Default)]
+struct Summary {
+    client: &'static str,
+    requests: usize,
+    sent: u64,
+    ok: usize,
+    failures: usize,
+    responses_429: u64,
+    retries: u64,
+    wall_s: f64,
+    theoretical_min_s: f64,
+    server: Option<reqwest_throttle::testing::GatewayStats>,
+}
+
+/// Counts kept while the swarm runs.
+#[derive(Debug, Default)]
+struct Progress {
+    next: AtomicUsize,
+    done: AtomicUsize,
+    ok: AtomicUsize,
+    seen_429: AtomicUsize,
+}
+
+/// Where the agents send: the gateway (chat and stream routes) or one given URL.
+#[derive(Debug, Clone)]
+enum Target {
+    Gateway { base: String },
+    Url(String),
+}
+
+impl Target {
+    fn url_for(&self, i: usize) -> String {
+        match self {
+            // Every fifth request streams its answer, holding its parallel slot until the end.
+            Target::Gateway { base } if i % 5 == 4 => format!("{base}/v1/stream"),
+            Target::Gateway { base } => format!("{base}/v1/chat"),
+            Target::Url(url) => url.clone(),
+        }
+    }
+}
+
+async fn run_swarm(
+    client: ClientWithMiddleware,
+    target: Target,
+    args: &Args,
+    client_name: &'static str,
+    throttle: Option<&Throttle>,
+) -> Summary {
+    let progress = Arc::new(Progress::default());
+    let headers = Arc::new(args.headers.clone());
+    let started = Instant::now();
+    let agents: Vec<_> = (0..args.agents)
+        .map(|_| {
+            let (client, target, progress, headers) = (
+                client.clone(),
+                target.clone(),
+                progress.clone(),
+                headers.clone(),
+            );
+            let n = args.requests;
+            tokio::spawn(async move {
+                loop {
+                    let i = progress.next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let mut req = client.get(target.url_for(i));
+                    for (name, value) in headers.iter() {
+                        req = req.header(name, value);
+                    }
+                    let ok = match req.send().await {
+                        Ok(r) => {
+                            if r.status() == 429 {
+                                progress.seen_429.fetch_add(1, Ordering::Relaxed);
+                            }
+                            let success = r.status().is_success();
+                            // Read to the end: a body in progress still holds its slot.
+                            r.bytes().await.is_ok() && success
+                        }
+                        Err(_) => false,
+                    };
+                    if ok {
+                        progress.ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    progress.done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let bar = (!args.json).then(|| tokio::spawn(show_progress(progress.clone(), args.requests)));
+    for agent in agents {
+        agent.await.expect("agent task panicked");
+    }
+    if let Some(bar) = bar {
+        bar.abort();
+        draw(&progress, args.requests);
+        eprintln!();
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let ok = progress.ok.load(Ordering::Relaxed);
+    let (sent, responses_429, retries) = match throttle {
+        Some(t) => {
+            let s = t.stats();
+            (s.sent, s.responses_429, s.retries)
+        }
+        None => {
+            let seen = progress.seen_429.load(Ordering::Relaxed) as u64;
+            (args.requests as u64, seen, 0)
+        }
+    };
+    Summary {
+        client: client_name,
+        requests: args.requests,
+        sent,
+        ok,
+        failures: args.requests - ok,
+        responses_429,
+        retries,
+        wall_s,
+        ..Summary::default()
+    }
+}
+
+fn draw(p: &Progress, total: usize) {
+    let done = p.done.load(Ordering::Relaxed);
+    let width = 40;
+    let filled = done * width / total.max(1);
+    eprint!(
+        "\r[{}{}] {done}/{total}  ok {}  429s seen by agents {}",
+        "#".repeat(filled),
+        ".".repeat(width - filled),
+        p.ok.load(Ordering::Relaxed),
+        p.seen_429.load(Ordering::Relaxed),
+    );
+    let _ = std::io::stderr().flush();
+}
+
+async fn show_progress(p: Arc<Progress>, total: usize) {
+    loop {
+        draw(&p, total);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The fastest the server allows: the window limit (the first `limit` at once, then `limit`
+/// per window) or the parallel cap over the total busy time, whichever is slower.
+fn theoretical_min(args: &Args, gateway: Option<&GatewayConfig>) -> f64 {
+    let n = args.requests.max(1) as f64;
+    let windows_to_wait = ((args.requests.max(1) - 1) / args.per_window.max(1) as usize) as f64;
+    let Some(g) = gateway else {
+        return windows_to_wait * args.window.as_secs_f64();
+    };
+    let chat = g.service_time.as_secs_f64();
+    let stream = g.stream_chunk_interval.as_secs_f64() * f64::from(g.stream_chunks);
+    let streams = (args.requests / 5) as f64;
+    let busy = (n - streams) * chat + streams * stream;
+    let last = if args.requests % 5 == 0 { stream } else { chat };
+    (windows_to_wait * g.window.as_secs_f64() + last).max(busy / f64::from(g.max_parallel))
+}
+
+fn print(summary: &Summary, args: &Args, json: bool) {
+    let ratio = summary.wall_s / summary.theoretical_min_s.max(f64::EPSILON);
+    let (peak, max_in_window) = summary.server.as_ref().map_or((None, None), |s| {
+        (Some(s.peak_parallel), Some(s.max_in_window))
+    });
+    if json {
+        let line = serde_json::json!({
+            "client": summary.client,
+            "requests": summary.requests,
+            "sent": summary.sent,
+            "ok": summary.ok,
+            "failures": summary.failures,
+            "responses_429": summary.responses_429,
+            "retries": summary.retries,
+            "wall_s": summary.wall_s,
+            "theoretical_min_s": summary.theoretical_min_s,
+            "ratio": ratio,
+            "server_peak_parallel": peak,
+            "server_max_in_window": max_in_window,
+            "limit_per_window": args.per_window,
+            "window_s": args.window.as_secs_f64(),
+            "limit_parallel": args.parallel,
+        });
+        println!("{line}");
+        return;
+    }
+    let or_na = |v: Option<u32>| v.map_or("n/a".to_owned(), |v| v.to_string());
+    println!("client                 {}", summary.client);
+    println!("requests               {}", summary.requests);
+    println!("sent (with retries)    {}", summary.sent);
+    println!("succeeded              {}", summary.ok);
+    println!("final failures         {}", summary.failures);
+    println!("responses 429          {}", summary.responses_429);
+    println!("retries                {}", summary.retries);
+    println!("wall time              {:.2} s", summary.wall_s);
+    println!(
+        "theoretical minimum    {:.2} s ({ratio:.3}x)",
+        summary.theoretical_min_s
+    );
+    println!(
+        "server peak parallel   {} (limit {})",
+        or_na(peak),
+        args.parallel
+    );
+    println!(
+        "server most in window  {} (limit {} per {:.0} s)",
+        or_na(max_in_window),
+        args.per_window,
+        args.window.as_secs_f64()
+    );
+    println!();
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = match parse_args() {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("{msg}");
+            std::process::exit(2);
+        }
+    };
+    let mut builder = Throttle::builder().max_in_flight(args.parallel.max(1));
+    if !args.no_quota {
+        builder = builder.sliding_window(args.per_window, args.window);
+    }
+    let throttle = match builder.build() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("invalid settings: {e}");
+            std::process::exit(2);
+        }
+    };
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.parallel.max(1))
+        .build()
+        .expect("a plain HTTP client builds");
+
+    let (gateway, target) = match &args.url {
+        Some(url) => (None, Target::Url(url.clone())),
+        None => {
+            let config = GatewayConfig::seed_limits()
+                .with_requests_per_window(args.per_window)
+                .with_window(args.window)
+                .with_max_parallel(args.parallel as u32);
+            let gateway = Gateway::start(config).expect("the gateway binds to loopback");
+            let base = gateway.url();
+            (Some(gateway), Target::Gateway { base })
+        }
+    };
+    // The gateway counts per user, by Authorization.
+    if gateway.is_some()
+        && !args
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("authorization"))
+    {
+        args.headers
+            .push(("Authorization".into(), "Bearer swarm-user".into()));
+    }
+    run_all(args, gateway, target, throttle, http).await;
+}
+
+async fn run_all(
+    args: Args,
+    gateway: Option<Gateway>,
+    target: Target,
+    throttle: Throttle,
+    http: reqwest::Client,
+) {
+    let min = theoretical_min(&args, gateway.as_ref().map(Gateway::config));
+    let name = if args.no_quota {
+        "throttle (max_in_flight only)"
+    } else {
+        "throttle"
+    };
+    let client = ClientBuilder::new(http.clone())
+        .with(throttle.clone())
+        .build();
+    let mut summary = run_swarm(client, target.clone(), &args, name, Some(&throttle)).await;
+    summary.theoretical_min_s = min;
+    summary.server = gateway.as_ref().map(Gateway::stats);
+    print(&summary, &args, args.json);
+
+    if args.compare {
+        if let Some(g) = &gateway {
+            // Let the window empty so the plain client starts from the same state.
+            tokio::time::sleep(g.config().window).await;
+            g.reset_stats();
+        }
+        let plain = ClientBuilder::new(http).build();
+        let mut summary = run_swarm(plain, target, &args, "plain reqwest-middleware", None).await;
+        summary.theoretical_min_s = min;
+        summary.server = gateway.as_ref().map(Gateway::stats);
+        print(&summary, &args, args.json);
+    }
+}
