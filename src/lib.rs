@@ -7,7 +7,8 @@
 //! use std::time::Duration;
 //! use reqwest_throttle::Throttle;
 //!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let throttle = Throttle::builder()
 //!     .sliding_window(120, Duration::from_secs(60)) // at most 120 sends in any 60 s
 //!     .max_in_flight(20)                            // at most 20 requests open, bodies included
@@ -17,7 +18,9 @@
 //!     .with(throttle.clone())
 //!     .build();
 //! let response = client.get("http://127.0.0.1:8080/v1/chat").send().await?;
-//! # let _ = response; Ok(()) }
+//! println!("{}", response.status());
+//! Ok(())
+//! }
 //! ```
 //!
 //! # The path of one request
@@ -35,6 +38,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub)]
+#![doc(test(attr(deny(warnings))))]
 
 mod body;
 mod builder;
@@ -57,3 +61,8 @@ pub use builder::{
 pub use error::{BuildError, ThrottleError};
 pub use extensions::{Cost, NoRetry, ThrottleInfo};
 pub use throttle::{Stats, Throttle};
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
