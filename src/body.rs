@@ -56,3 +56,43 @@ pub(crate) fn hold_until_body_ends(
     }
     reqwest::Response::from(http::Response::from_parts(parts, body))
 }
+
+/// Statuses whose body may hold an error code that changes the decision (a used-up quota,
+/// a refused entitlement, an idempotency conflict).
+fn may_carry_code(status: http::StatusCode) -> bool {
+    matches!(status.as_u16(), 403 | 409 | 429)
+}
+
+/// Reads the body of an error answer that may carry a decisive code, when its
+/// `Content-Length` is at most [`MAX_ERROR_BODY`](crate::headers::MAX_ERROR_BODY), and returns
+/// the parsed body with the response rebuilt around the same bytes (status, version, headers,
+/// extensions and URL kept). Other responses, and bodies that fail to read, are passed on.
+pub(crate) async fn read_error_body(
+    response: reqwest::Response,
+) -> Result<(reqwest::Response, Option<crate::headers::ErrorBody>), reqwest::Error> {
+    let small = response
+        .content_length()
+        .is_some_and(|n| n <= crate::headers::MAX_ERROR_BODY as u64);
+    if !may_carry_code(response.status()) || !small {
+        return Ok((response, None));
+    }
+    let mut response = response;
+    let url = response.url().clone();
+    let status = response.status();
+    let version = response.version();
+    let headers = std::mem::take(response.headers_mut());
+    let extensions = std::mem::take(response.extensions_mut());
+    let bytes = response.bytes().await?;
+    let parsed = crate::headers::parse_error_body(&bytes);
+    let mut rebuilt = http::Response::new(reqwest::Body::from(bytes));
+    *rebuilt.status_mut() = status;
+    *rebuilt.version_mut() = version;
+    *rebuilt.headers_mut() = headers;
+    *rebuilt.extensions_mut() = extensions;
+    if let Ok(with_url) = http::Response::builder().url(url).body(()) {
+        rebuilt
+            .extensions_mut()
+            .extend(with_url.into_parts().0.extensions);
+    }
+    Ok((reqwest::Response::from(rebuilt), parsed))
+}

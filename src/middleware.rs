@@ -3,14 +3,15 @@
 //! Thin by design: admission lives in [`limiter`](crate::limiter), decisions in
 //! [`policy`](crate::policy), hint parsing in [`headers`](crate::headers).
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use http::Extensions;
+use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
-use crate::body::hold_until_body_ends;
+use crate::body::{hold_until_body_ends, read_error_body};
 use crate::extensions::{Cost, NoRetry, ThrottleInfo};
 use crate::headers;
 use crate::policy::{cooldown, may_resend_after_failure, Decision, Outcome, RequestFacts};
@@ -70,68 +71,69 @@ impl Inner {
             let queued_at = Instant::now();
             let permit = self.limiter.admit(cost).await.map_err(Error::middleware)?;
             waited += queued_at.elapsed();
-            let result = next.clone().run(req, extensions).await;
+            let result = match next.clone().run(req, extensions).await {
+                Ok(response) => read_error_body(response).await.map_err(Error::Reqwest),
+                Err(err) => Err(err),
+            };
             let facts = RequestFacts {
                 retries,
                 resend_safe,
                 cloneable: spare.is_some(),
                 retry_allowed,
             };
-            let decision = match result {
-                Ok(response) => {
+            let after = match result {
+                Ok((response, error_body)) => {
                     let hints = headers::parse(response.headers(), SystemTime::now());
                     let status = response.status();
-                    if status == http::StatusCode::TOO_MANY_REQUESTS {
-                        counters
-                            .responses_429
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if status == StatusCode::TOO_MANY_REQUESTS {
+                        counters.responses_429.fetch_add(1, Ordering::Relaxed);
                     }
                     if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait) {
                         self.limiter.close_until(Instant::now() + d);
                     }
+                    let codes: Vec<&str> = error_body.iter().flat_map(|b| b.codes()).collect();
                     let outcome = Outcome::Response {
                         status,
                         hints: &hints,
-                        codes: &[],
+                        codes: &codes,
                     };
                     let stopped = match self.decide(&facts, outcome) {
-                        Decision::Retry { after } => Ok(after),
-                        Decision::Accept => Err(None),
+                        Decision::Retry { after } if spare.is_some() => Ok(after),
+                        Decision::Retry { .. } | Decision::Accept => Err(None),
                         Decision::Stop(reason) => Err(Some(reason)),
                     };
-                    match (stopped, spare) {
-                        (Ok(after), Some(spare)) => (after, spare),
-                        (stopped, _) => {
+                    match stopped {
+                        Ok(after) => after,
+                        Err(stopped) => {
                             let mut response = hold_until_body_ends(response, permit);
                             response.extensions_mut().insert(ThrottleInfo {
                                 attempts: retries + 1,
                                 waited,
                                 hints,
-                                stopped: stopped.err().flatten(),
+                                stopped,
                             });
                             return Ok(response);
                         }
                     }
                 }
                 Err(err) => {
-                    let outcome = Outcome::Transport {
-                        transient: is_transient(&err),
-                    };
-                    match (self.decide(&facts, outcome), spare) {
-                        (Decision::Retry { after }, Some(spare)) => (after, spare),
+                    let transient = is_transient(&err);
+                    match self.decide(&facts, Outcome::Transport { transient }) {
+                        Decision::Retry { after } if spare.is_some() => after,
                         _ => return Err(err),
                     }
                 }
             };
             // The permit (and any response body) is released before the wait.
             drop(permit);
-            let (after, spare) = decision;
             tokio::time::sleep(after).await;
             waited += after;
             retries += 1;
-            counters
-                .retries
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counters.retries.fetch_add(1, Ordering::Relaxed);
+            // `spare` is `Some`: both arms above checked it before choosing to retry.
+            let Some(spare) = spare else {
+                unreachable!("a retry is chosen only with a spare request")
+            };
             req = spare;
         }
     }
