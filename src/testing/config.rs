@@ -1,0 +1,174 @@
+//! Settings of the simulated gateway.
+
+use std::time::Duration;
+
+/// Requests one user may send per window in the reference gateway.
+const SEED_REQUESTS_PER_WINDOW: u32 = 120;
+/// Length of the reference gateway's rate-limit window: one minute.
+const SEED_WINDOW: Duration = Duration::from_secs(60);
+/// Requests one user may have in progress at once in the reference gateway.
+const SEED_MAX_PARALLEL: u32 = 20;
+
+/// Limits and timings of a [`Gateway`](super::Gateway).
+///
+/// [`GatewayConfig::default()`] gives the reference gateway's per-user limits
+/// (120 requests per 60 s window, 20 requests in progress at once) and short service
+/// times so tests run quickly. Change fields directly or with the `with_*` methods:
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_throttle::testing::GatewayConfig;
+///
+/// let config = GatewayConfig::default()
+///     .with_requests_per_window(3)
+///     .with_window(Duration::from_secs(10))
+///     .with_max_parallel(1);
+/// assert_eq!(config.requests_per_window, 3);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct GatewayConfig {
+    /// Admitted requests one user may send within any span of [`window`](Self::window),
+    /// in requests. Default: 120.
+    pub requests_per_window: u32,
+    /// Length of the sliding rate-limit window. Also the `retry-after` value of every
+    /// 429 (in whole seconds, rounded up). Default: 60 s.
+    pub window: Duration,
+    /// Requests one user may have in progress at the same time, in requests. Default: 20.
+    pub max_parallel: u32,
+    /// How long `/v1/chat` takes to answer an admitted request. Default: 50 ms.
+    pub service_time: Duration,
+    /// Number of body chunks `/v1/stream` sends for an admitted request, in chunks.
+    /// Default: 5.
+    pub stream_chunks: u32,
+    /// Pause before each chunk of a `/v1/stream` answer (the first one included).
+    /// Default: 20 ms.
+    pub stream_chunk_interval: Duration,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            requests_per_window: SEED_REQUESTS_PER_WINDOW,
+            window: SEED_WINDOW,
+            max_parallel: SEED_MAX_PARALLEL,
+            service_time: Duration::from_millis(50),
+            stream_chunks: 5,
+            stream_chunk_interval: Duration::from_millis(20),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// The reference gateway's limits: 120 requests per 60 s window and 20 requests in
+    /// progress per user. Same as [`GatewayConfig::default()`].
+    pub fn seed_limits() -> Self {
+        Self::default()
+    }
+
+    /// The reference gateway's limits with time sped up by `factor`: the window is
+    /// `60 s / factor` (so `retry-after` shrinks with it, in whole seconds rounded up),
+    /// while the request count per window (120) and the parallel cap (20) stay the same.
+    /// Service and stream timings keep their defaults.
+    ///
+    /// `seed_limits_scaled(10.0)` allows 120 requests per 6 s window.
+    ///
+    /// # Panics
+    ///
+    /// If `factor` is not a finite number greater than zero, or so small that the
+    /// window would overflow a [`Duration`].
+    pub fn seed_limits_scaled(factor: f64) -> Self {
+        assert!(
+            factor.is_finite() && factor > 0.0,
+            "time scale factor must be finite and > 0, got {factor}"
+        );
+        Self::default().with_window(Duration::from_secs_f64(SEED_WINDOW.as_secs_f64() / factor))
+    }
+
+    /// Sets [`requests_per_window`](Self::requests_per_window), in requests.
+    pub fn with_requests_per_window(mut self, requests: u32) -> Self {
+        self.requests_per_window = requests;
+        self
+    }
+
+    /// Sets [`window`](Self::window), the length of the sliding window.
+    pub fn with_window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Sets [`max_parallel`](Self::max_parallel), in requests in progress at once.
+    pub fn with_max_parallel(mut self, max_parallel: u32) -> Self {
+        self.max_parallel = max_parallel;
+        self
+    }
+
+    /// Sets [`service_time`](Self::service_time), the time `/v1/chat` takes to answer.
+    pub fn with_service_time(mut self, service_time: Duration) -> Self {
+        self.service_time = service_time;
+        self
+    }
+
+    /// Sets [`stream_chunks`](Self::stream_chunks), in chunks per streamed answer.
+    pub fn with_stream_chunks(mut self, chunks: u32) -> Self {
+        self.stream_chunks = chunks;
+        self
+    }
+
+    /// Sets [`stream_chunk_interval`](Self::stream_chunk_interval), the pause before
+    /// each streamed chunk.
+    pub fn with_stream_chunk_interval(mut self, interval: Duration) -> Self {
+        self.stream_chunk_interval = interval;
+        self
+    }
+
+    /// The `retry-after` value of a 429: the window length in whole seconds, rounded up.
+    pub(crate) fn retry_after_secs(&self) -> u64 {
+        let w = self.window;
+        w.as_secs() + u64::from(w.subsec_nanos() > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_seed_limits() {
+        let c = GatewayConfig::default();
+        assert_eq!(c.requests_per_window, 120);
+        assert_eq!(c.window, Duration::from_secs(60));
+        assert_eq!(c.max_parallel, 20);
+        assert_eq!(c.service_time, Duration::from_millis(50));
+        assert_eq!(c.stream_chunks, 5);
+        assert_eq!(c.stream_chunk_interval, Duration::from_millis(20));
+        assert_eq!(c.retry_after_secs(), 60);
+        assert_eq!(GatewayConfig::seed_limits(), c);
+    }
+
+    #[test]
+    fn scaled_limits_shrink_only_the_window() {
+        let c = GatewayConfig::seed_limits_scaled(10.0);
+        assert_eq!(c.window, Duration::from_secs(6));
+        assert_eq!(c.retry_after_secs(), 6);
+        assert_eq!(c.requests_per_window, 120);
+        assert_eq!(c.max_parallel, 20);
+    }
+
+    #[test]
+    fn retry_after_rounds_up() {
+        let c = GatewayConfig::default().with_window(Duration::from_millis(1500));
+        assert_eq!(c.retry_after_secs(), 2);
+        let c = GatewayConfig::seed_limits_scaled(1000.0);
+        assert_eq!(c.window, Duration::from_millis(60));
+        assert_eq!(c.retry_after_secs(), 1);
+        let c = GatewayConfig::default().with_window(Duration::ZERO);
+        assert_eq!(c.retry_after_secs(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "time scale factor")]
+    fn scaled_limits_reject_zero() {
+        let _ = GatewayConfig::seed_limits_scaled(0.0);
+    }
+}
