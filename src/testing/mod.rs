@@ -39,16 +39,18 @@
 //! the system time now plus the (tokio) time until the reset.
 //!
 //! ```no_run
-//! # async fn demo() -> std::io::Result<()> {
 //! use reqwest_throttle::testing::{Gateway, GatewayConfig};
 //!
-//! let gateway = Gateway::start(GatewayConfig::seed_limits_scaled(10.0))?;
-//! let url = format!("{}/v1/chat", gateway.url());
-//! // ... send requests to `url` ...
-//! assert_eq!(gateway.stats().responses_429, 0);
-//! gateway.shutdown().await?;
-//! # Ok(())
-//! # }
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let gateway = Gateway::start(GatewayConfig::seed_limits_scaled(10.0))?;
+//!     let url = format!("{}/v1/chat", gateway.url());
+//!     let response = reqwest::get(&url).await?;
+//!     assert_eq!(response.status(), 200);
+//!     assert_eq!(gateway.stats().responses_429, 0);
+//!     gateway.shutdown().await?;
+//!     Ok(())
+//! }
 //! ```
 
 mod config;
