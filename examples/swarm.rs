@@ -13,7 +13,7 @@
 //!     --header 'Authorization: Bearer KEY' --rpm 120 --parallel 20 -n 200
 //! ```
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -223,9 +223,17 @@ fn draw(p: &Progress, total: usize) {
 }
 
 async fn show_progress(p: Arc<Progress>, total: usize) {
+    // A terminal gets a bar redrawn in place; a pipe or a log gets a line every 5 s.
+    let tty = std::io::stderr().is_terminal();
     loop {
-        draw(&p, total);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if tty {
+            draw(&p, total);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        } else {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            draw(&p, total);
+            eprintln!();
+        }
     }
 }
 

@@ -26,7 +26,7 @@
 //!
 //! * `retry-after`: the window length in whole seconds, rounded up (an upper bound);
 //! * `rate_limit_type`: `parallel_requests` or `requests_per_minute`;
-//! * `reset_at`: an RFC 3339 UTC time with whole seconds, rounded up. For the window
+//! * `reset_at`: an RFC 3339 UTC time to the millisecond, rounded up. For the window
 //!   limit it is when the oldest admitted request in the window leaves it (so a request
 //!   sent then is admitted); for the parallel limit it is now plus the window length
 //!   (an upper bound: a slot usually frees sooner).

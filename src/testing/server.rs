@@ -138,15 +138,15 @@ fn too_many_requests(config: &GatewayConfig, refusal: Refusal) -> Response {
     response
 }
 
-/// `now + reset_in` as RFC 3339 UTC with whole seconds, rounded up so that waiting until
+/// `now + reset_in` as RFC 3339 UTC to the millisecond, rounded up so that waiting until
 /// the stated time is never too early.
 pub(crate) fn reset_at(now: SystemTime, reset_in: Duration) -> String {
     let at = now.checked_add(reset_in).unwrap_or(now);
     let Ok(ts) = jiff::Timestamp::try_from(at) else {
         return jiff::Timestamp::MAX.to_string();
     };
-    let second = ts.as_second() + i64::from(ts.subsec_nanosecond() > 0);
-    jiff::Timestamp::from_second(second)
+    let millis = ts.as_millisecond() + i64::from(ts.subsec_nanosecond() % 1_000_000 > 0);
+    jiff::Timestamp::from_millisecond(millis)
         .unwrap_or(jiff::Timestamp::MAX)
         .to_string()
 }
@@ -329,21 +329,21 @@ mod tests {
         assert_eq!(h["retry-after"], "60");
         assert_eq!(h["rate_limit_type"], "parallel_requests");
         let reset: jiff::Timestamp = h["reset_at"].to_str().unwrap().parse().unwrap();
-        assert_eq!(reset.subsec_nanosecond(), 0);
+        assert_eq!(reset.subsec_nanosecond() % 1_000_000, 0);
         assert_eq!(h["content-type"], "application/json");
     }
 
     #[test]
-    fn reset_at_rounds_up_to_whole_seconds() {
+    fn reset_at_rounds_up_to_whole_milliseconds() {
         let base = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(reset_at(base, Duration::ZERO), "2023-11-14T22:13:20Z");
         assert_eq!(
-            reset_at(base, Duration::from_millis(1)),
-            "2023-11-14T22:13:21Z"
+            reset_at(base, Duration::from_micros(1)),
+            "2023-11-14T22:13:20.001Z"
         );
         assert_eq!(
             reset_at(base + Duration::from_millis(999), Duration::from_secs(59)),
-            "2023-11-14T22:14:20Z"
+            "2023-11-14T22:14:19.999Z"
         );
         assert_eq!(
             reset_at(base, Duration::from_secs(60)),
