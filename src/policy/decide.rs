@@ -266,23 +266,35 @@ impl RetryPolicy {
 }
 
 /// How long every caller sharing the throttle should hold off after this answer, if at all
-/// (the shared cooldown). A window-type 429, or a 429 with a reset time and no known type,
-/// closes the gate until the reset. Bounded by `max_wait`.
+/// (the shared cooldown), bounded by `max_wait`:
+/// - a window-type 429 (or a 429 with a reset time and no known type): until the reset;
+/// - any answer, a 200 too, that reports 0 requests remaining with a reset time: until that
+///   reset (proactive pausing). The parser already drops a `remaining` above its `limit`.
+///
+/// A `Retry-After` on a success does not close it.
 pub fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
-    if status != StatusCode::TOO_MANY_REQUESTS {
-        return None;
-    }
-    let d = match hints.limit_kind {
-        Some(LimitKind::Requests | LimitKind::Tokens) => hints.reset_after.or(hints.retry_after),
-        Some(LimitKind::Concurrency) => None,
-        Some(LimitKind::Other) | None => hints.reset_after,
-    }?;
-    Some(d.min(max_wait))
+    let refused = if status == StatusCode::TOO_MANY_REQUESTS {
+        match hints.limit_kind {
+            Some(LimitKind::Requests | LimitKind::Tokens) => {
+                hints.reset_after.or(hints.retry_after)
+            }
+            Some(LimitKind::Concurrency) => None,
+            Some(LimitKind::Other) | None => hints.reset_after,
+        }
+    } else {
+        None
+    };
+    let exhausted = hints
+        .requests
+        .filter(|a| a.remaining == Some(0))
+        .and_then(|a| a.reset_after);
+    Some(refused.max(exhausted)?.min(max_wait))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::headers::Allowance;
     use rand::rngs::SmallRng;
     use rand::SeedableRng;
 
@@ -602,5 +614,39 @@ mod tests {
         );
         let ok = hints(Some(LimitKind::Requests), Some(60), Some(8));
         assert_eq!(cooldown(StatusCode::OK, &ok, max), None);
+    }
+
+    #[test]
+    fn cooldown_when_no_requests_remain() {
+        let max = 120 * S;
+        let with = |remaining, reset| Hints {
+            requests: Some(Allowance::new(Some(100), remaining, reset)),
+            ..Hints::default()
+        };
+        assert_eq!(
+            cooldown(StatusCode::OK, &with(Some(0), Some(9 * S)), max),
+            Some(9 * S)
+        );
+        assert_eq!(
+            cooldown(StatusCode::OK, &with(Some(0), Some(900 * S)), max),
+            Some(max)
+        );
+        assert_eq!(
+            cooldown(StatusCode::OK, &with(Some(1), Some(9 * S)), max),
+            None
+        );
+        assert_eq!(cooldown(StatusCode::OK, &with(Some(0), None), max), None);
+        assert_eq!(
+            cooldown(StatusCode::OK, &with(None, Some(9 * S)), max),
+            None
+        );
+        // The later of a 429's reset and the allowance's reset.
+        let mut both = with(Some(0), Some(3 * S));
+        both.limit_kind = Some(LimitKind::Requests);
+        both.reset_after = Some(5 * S);
+        assert_eq!(
+            cooldown(StatusCode::TOO_MANY_REQUESTS, &both, max),
+            Some(5 * S)
+        );
     }
 }

@@ -87,3 +87,22 @@ impl Middleware for FakeServer {
         Ok(Response::from((self.answer)(index, &req)))
     }
 }
+
+/// A response with `status`, `headers` and a JSON `body`.
+pub fn json(code: u16, headers: &[(&str, &str)], body: &str) -> http::Response<reqwest::Body> {
+    let mut b = http::Response::builder()
+        .status(code)
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        b = b.header(*name, *value);
+    }
+    b.body(reqwest::Body::from(body.to_owned())).unwrap()
+}
+
+/// The `ThrottleInfo` every returned response carries.
+pub fn info(r: &reqwest::Response) -> reqwest_throttle::ThrottleInfo {
+    r.extensions()
+        .get::<reqwest_throttle::ThrottleInfo>()
+        .cloned()
+        .expect("every response carries ThrottleInfo")
+}

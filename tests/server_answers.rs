@@ -1,0 +1,190 @@
+//! What the throttle does with each kind of server answer, on paused time with an in-process
+//! fake server: what is retried, how long it waits, and what is final.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{info, json, status, FakeServer};
+use reqwest_throttle::policy::StopReason;
+use reqwest_throttle::Throttle;
+use tokio::time::Instant;
+
+const S: Duration = Duration::from_secs(1);
+const URL: &str = "http://api.test/v1/runs";
+
+fn throttle() -> Throttle {
+    Throttle::builder().jitter(false).build().unwrap()
+}
+
+/// Sends one POST through a fresh throttle to a server answering `first` once, then 200.
+async fn post_once_then_ok(
+    first: impl Fn() -> http::Response<reqwest::Body> + Send + Sync + 'static,
+) -> (reqwest::Response, FakeServer) {
+    let server = FakeServer::new(move |i, _| if i == 0 { first() } else { status(200) });
+    let r = server
+        .client(&throttle())
+        .post(URL)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    (r, server)
+}
+
+fn final_reason(status: u16, code: &str) -> Option<StopReason> {
+    Some(StopReason::Final {
+        status,
+        code: code.to_owned(),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn unauthorized_is_final() {
+    let (r, server) = post_once_then_ok(|| json(401, &[("retry-after", "1")], "{}")).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(info(&r).stopped, final_reason(401, ""));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn entitlement_required_is_final_and_its_body_is_kept() {
+    let body = r#"{"type":"/errors/entitlement-required","title":"Plan entitlement required.","status":403,"detail":"amy.tokens.month","reason":"limit_reached","limit":100000,"remaining":0}"#;
+    let (r, server) = post_once_then_ok(move || json(403, &[], body)).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(info(&r).stopped, final_reason(403, "entitlement-required"));
+    assert_eq!(r.content_length(), Some(body.len() as u64));
+    assert_eq!(r.text().await.unwrap(), body);
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_used_up_quota_is_final() {
+    let body = r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"You exceeded your current quota"}}"#;
+    let (r, server) = post_once_then_ok(move || json(429, &[("retry-after", "20")], body)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(info(&r).stopped, final_reason(429, "insufficient_quota"));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotency_conflicts_are_final() {
+    for code in ["idempotency_key_reused", "run_already_started"] {
+        let body = format!(r#"{{"type":"/errors/{code}","status":409}}"#);
+        let (r, server) = post_once_then_ok(move || json(409, &[], &body)).await;
+        assert_eq!(info(&r).stopped, final_reason(409, code));
+        assert_eq!(server.seen().len(), 1, "{code}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotency_in_progress_is_retried_after_one_second() {
+    let body = r#"{"type":"/errors/idempotency_in_progress","status":409}"#;
+    let (r, server) = post_once_then_ok(move || json(409, &[("retry-after", "1")], body)).await;
+    assert_eq!(r.status(), 200);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].at - seen[0].at, S);
+}
+
+#[tokio::test(start_paused = true)]
+async fn overloaded_and_unavailable_are_retried_for_idempotent_requests() {
+    for code in [503u16, 529] {
+        let server = FakeServer::new(move |i, _| match i {
+            0 => json(code, &[("retry-after", "2")], "{}"),
+            1 => json(code, &[], "{}"),
+            _ => status(200),
+        });
+        let r = server.client(&throttle()).get(URL).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{code}");
+        let at: Vec<_> = server.seen().iter().map(|s| s.at).collect();
+        // Retry-After 2 s, then no hint: the second backoff step, 2 s.
+        assert_eq!((at[1] - at[0], at[2] - at[1]), (2 * S, 2 * S), "{code}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_longer_than_max_server_wait_returns_at_once() {
+    let server = FakeServer::new(|_, _| {
+        json(
+            429,
+            &[
+                ("retry-after", "3600"),
+                ("rate_limit_type", "requests_per_day"),
+            ],
+            "{}",
+        )
+    });
+    let t0 = Instant::now();
+    let r = server.client(&throttle()).get(URL).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        info(&r).stopped,
+        Some(StopReason::WaitTooLong { asked: 3600 * S })
+    );
+    assert_eq!(Instant::now(), t0);
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_on_a_success_does_not_slow_later_requests() {
+    let server = FakeServer::new(|_, _| json(200, &[("retry-after", "30")], "{}"));
+    let c = server.client(&throttle());
+    for _ in 0..3 {
+        c.get(URL).send().await.unwrap();
+    }
+    let seen = server.seen();
+    assert_eq!(seen[2].at, seen[0].at);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_requests_remaining_pauses_every_caller_until_the_reset() {
+    let server = FakeServer::new(|i, _| {
+        let remaining = if i == 0 { "0" } else { "5" };
+        json(
+            200,
+            &[
+                ("x-ratelimit-limit-requests", "10"),
+                ("x-ratelimit-remaining-requests", remaining),
+                ("x-ratelimit-reset-requests", "6m0s"),
+            ],
+            "{}",
+        )
+    });
+    let c = server.client(&throttle());
+    c.get(URL).send().await.unwrap();
+    let later = c.get(URL).send().await.unwrap();
+    let seen = server.seen();
+    assert_eq!(
+        seen[1].at - seen[0].at,
+        Duration::from_secs(120),
+        "capped at max_server_wait"
+    );
+    assert_eq!(info(&later).waited, Duration::from_secs(120));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parallel_limit_429_backs_off_without_pausing_others() {
+    let server = FakeServer::new(|i, req| {
+        if i == 0 && req.url().path() == "/busy" {
+            json(
+                429,
+                &[
+                    ("retry-after", "60"),
+                    ("rate_limit_type", "parallel_requests"),
+                ],
+                "{}",
+            )
+        } else {
+            status(200)
+        }
+    });
+    let t = throttle();
+    let c = server.client(&t);
+    let r = c.get("http://api.test/busy").send().await.unwrap();
+    assert_eq!(info(&r).attempts, 2);
+    // Backoff from 1 s (not the 60 s upper bound), and no shared cooldown left behind.
+    assert_eq!(info(&r).waited, S);
+    let other = c.get(URL).send().await.unwrap();
+    assert_eq!(info(&other).waited, Duration::ZERO);
+}
