@@ -35,7 +35,7 @@ pub const DEFAULT_WINDOW_GUARD: Duration = Duration::from_millis(100);
 /// | [`jitter_seed`](Self::jitter_seed) | drawn from the thread RNG | |
 /// | [`max_server_wait`](Self::max_server_wait) | 120 s | seconds |
 /// | [`window_guard`](Self::window_guard) | 100 ms | milliseconds |
-/// | [`idempotency_key_header`](Self::idempotency_key_header) | none | |
+/// | [`idempotency_key`](Self::idempotency_key) | none (no key added) | |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
@@ -154,10 +154,14 @@ impl ThrottleBuilder {
         self
     }
 
-    /// Names the header that carries an idempotency key (e.g. `Idempotency-Key`). A request
-    /// with a non-blank key in it may be resent after a 5xx or a broken connection even when
-    /// its method is not idempotent. This is safe only where the server honours the key.
-    pub fn idempotency_key_header(mut self, name: HeaderName) -> Self {
+    /// Gives every request an idempotency key in the header `name` (e.g. `Idempotency-Key`):
+    /// a request without one, or with a blank or all-space one, gets a fresh UUID v4, and every
+    /// retry of it sends the same key. A request with a key may be resent after a 5xx or a
+    /// broken connection even when its method is not idempotent (POST, PATCH).
+    ///
+    /// This makes such retries safe only where the server honours the key (it answers a
+    /// repeat with the first outcome instead of running the request twice).
+    pub fn idempotency_key(mut self, name: HeaderName) -> Self {
         self.key_header = Some(name);
         self
     }

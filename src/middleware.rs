@@ -40,6 +40,20 @@ impl Middleware for Throttle {
     }
 }
 
+/// Puts a fresh UUID v4 in header `name` unless `req` already has a non-blank value there.
+fn ensure_idempotency_key(req: &mut Request, name: &http::HeaderName) {
+    let has_key = req
+        .headers()
+        .get(name)
+        .is_some_and(|v| !v.as_bytes().iter().all(u8::is_ascii_whitespace));
+    if !has_key {
+        let key = uuid::Uuid::new_v4().hyphenated().to_string();
+        if let Ok(value) = http::HeaderValue::from_str(&key) {
+            req.headers_mut().insert(name.clone(), value);
+        }
+    }
+}
+
 /// Whether a transport error may clear on a later attempt.
 fn is_transient(err: &Error) -> bool {
     match err {
@@ -57,6 +71,9 @@ impl Inner {
     ) -> Result<Response> {
         let cost = extensions.get::<Cost>().copied().unwrap_or_default().0;
         let retry_allowed = extensions.get::<NoRetry>().is_none();
+        if let Some(name) = &self.key_header {
+            ensure_idempotency_key(&mut req, name);
+        }
         let resend_safe =
             may_resend_after_failure(req.method(), req.headers(), self.key_header.as_ref());
         let counters = self.limiter.counters();
