@@ -60,7 +60,7 @@ pub use builder::{
 };
 pub use error::{BuildError, ThrottleError};
 pub use extensions::{Cost, NoRetry, ThrottleInfo};
-pub use throttle::{Stats, Throttle};
+pub use throttle::{Permit, Stats, Throttle};
 
 /// The README's examples, compiled as doctests so that they cannot rot.
 #[cfg(doctest)]

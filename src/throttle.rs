@@ -9,7 +9,8 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::builder::ThrottleBuilder;
-use crate::limiter::Limiter;
+use crate::error::ThrottleError;
+use crate::limiter::{InFlight, Limiter};
 use crate::policy::RetryPolicy;
 use crate::quota::Quotas;
 
@@ -29,6 +30,14 @@ pub(crate) struct Inner {
     pub(crate) rng: Mutex<SmallRng>,
     pub(crate) key_header: Option<HeaderName>,
     pub(crate) max_in_flight: Option<usize>,
+}
+
+/// The right to have one unit of work in flight, from [`Throttle::acquire`]. Dropping it ends
+/// the work: the in-flight permit goes back to the next waiter.
+#[derive(Debug)]
+#[must_use = "dropping the permit ends the work's time in flight at once"]
+pub struct Permit {
+    _in_flight: InFlight,
 }
 
 /// A snapshot of a throttle's counters, from [`Throttle::stats`].
@@ -88,6 +97,24 @@ impl Throttle {
             retries: c.retries.load(Ordering::Relaxed),
             available_permits: self.inner.limiter.available_permits(),
         }
+    }
+
+    /// Waits until one unit of work of `cost` quota units may start, exactly as a request sent
+    /// through the middleware would (cooldown, in-flight permit, quotas), and returns its
+    /// [`Permit`]. Use it to pace work that is not a `reqwest` request; the work counts as in
+    /// flight until the permit is dropped.
+    ///
+    /// # Errors
+    /// [`ThrottleError::CostExceedsQuota`] at once when `cost` is more than a quota can admit.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call holds nothing and has charged no quota.
+    pub async fn acquire(&self, cost: u32) -> Result<Permit, ThrottleError> {
+        self.inner
+            .limiter
+            .admit(cost)
+            .await
+            .map(|p| Permit { _in_flight: p })
     }
 
     /// The retry policy this throttle applies.
