@@ -7,7 +7,7 @@ use governor::Quota;
 use http::HeaderName;
 
 use crate::error::BuildError;
-use crate::policy::{Backoff, Jitter, RetryPolicy};
+use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
 use crate::quota::{Quotas, SlidingWindow, TokenBucket, MAX_TOKEN_BUCKETS};
 use crate::throttle::Throttle;
 
@@ -36,6 +36,8 @@ pub const DEFAULT_WINDOW_GUARD: Duration = Duration::from_millis(100);
 /// | [`max_server_wait`](Self::max_server_wait) | 120 s | seconds |
 /// | [`window_guard`](Self::window_guard) | 100 ms | milliseconds |
 /// | [`idempotency_key`](Self::idempotency_key) | none (no key added) | |
+/// | [`deadline`](Self::deadline) | none | seconds |
+/// | [`retry_budget`](Self::retry_budget) | 20 % of requests + 10 per second, over 10 s | retries |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
@@ -49,6 +51,8 @@ pub struct ThrottleBuilder {
     max_server_wait: Duration,
     window_guard: Duration,
     key_header: Option<HeaderName>,
+    deadline: Option<Duration>,
+    budget: Option<RetryBudget>,
 }
 
 impl Default for ThrottleBuilder {
@@ -64,6 +68,8 @@ impl Default for ThrottleBuilder {
             max_server_wait: DEFAULT_MAX_SERVER_WAIT,
             window_guard: DEFAULT_WINDOW_GUARD,
             key_header: None,
+            deadline: None,
+            budget: Some(RetryBudget::default()),
         }
     }
 }
@@ -166,6 +172,29 @@ impl ThrottleBuilder {
         self
     }
 
+    /// Bounds every call: the whole call, waits and request time included, ends within `d`
+    /// of entering the throttle. A wait that would end later is not started: the last
+    /// response is returned (with [`StopReason::Deadline`](crate::policy::StopReason::Deadline)),
+    /// or, when none has arrived, the call fails with
+    /// [`ThrottleError::DeadlineExceeded`](crate::ThrottleError::DeadlineExceeded).
+    /// A [`Deadline`](crate::Deadline) extension overrides it per request.
+    pub fn deadline(mut self, d: Duration) -> Self {
+        self.deadline = Some(d);
+        self
+    }
+
+    /// Sets the retry budget shared by every caller (see [`RetryBudget`]); when it is spent, a
+    /// response that asked for a retry is returned with
+    /// [`StopReason::RetryBudgetExhausted`](crate::policy::StopReason::RetryBudgetExhausted).
+    /// `None` removes the budget: only `max_retries` bounds retries.
+    ///
+    /// `build` fails with [`BuildError::InvalidRetryBudget`] for a negative or non-finite
+    /// ratio or a zero window.
+    pub fn retry_budget(mut self, budget: Option<RetryBudget>) -> Self {
+        self.budget = budget;
+        self
+    }
+
     /// Checks the settings and builds the throttle.
     ///
     /// # Errors
@@ -190,6 +219,11 @@ impl ThrottleBuilder {
                 count: self.buckets.len(),
             });
         }
+        if let Some(b) = &self.budget {
+            if !b.ratio.is_finite() || b.ratio < 0.0 || b.window.is_zero() {
+                return Err(BuildError::InvalidRetryBudget);
+            }
+        }
         let mut windows = Vec::with_capacity(self.windows.len());
         for &(limit, window) in &self.windows {
             let limit = NonZeroU32::new(limit).ok_or(BuildError::ZeroLimit)?;
@@ -211,6 +245,8 @@ impl ThrottleBuilder {
             policy,
             self.seed,
             self.key_header,
+            self.deadline,
+            self.budget,
         ))
     }
 }

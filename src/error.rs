@@ -32,6 +32,9 @@ pub enum BuildError {
         /// The number given.
         count: usize,
     },
+    /// A retry budget with a negative or non-finite ratio, or a zero window.
+    #[error("retry budget needs a finite ratio >= 0 and a window > 0")]
+    InvalidRetryBudget,
     /// The backoff base is zero.
     #[error("backoff base must be greater than zero")]
     ZeroBackoffBase,
@@ -61,5 +64,15 @@ pub enum ThrottleError {
         cost: u32,
         /// The most the quota can admit at once, in quota units.
         capacity: u32,
+    },
+    /// The request's deadline came before it could be sent or answered; when a response had
+    /// arrived and only a retry wait would pass the deadline, that response is returned
+    /// instead, with [`StopReason::Deadline`](crate::policy::StopReason::Deadline).
+    #[error("deadline passed after {attempts} attempts and {waited:?} waiting in the throttle")]
+    DeadlineExceeded {
+        /// Attempts sent before the deadline passed (the one cut off included).
+        attempts: u32,
+        /// Time spent waiting in the throttle (cooldown, permit, quotas, retry waits).
+        waited: Duration,
     },
 }

@@ -27,6 +27,20 @@ impl Default for Cost {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct NoRetry;
 
+/// The instant by which this request must be done, set with
+/// `RequestBuilder::with_extension(Deadline::after(d))`; overrides the builder's
+/// [`deadline`](crate::ThrottleBuilder::deadline). The whole call, waits and request time
+/// included, ends by then: a wait that would end later is not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Deadline(pub tokio::time::Instant);
+
+impl Deadline {
+    /// A deadline `d` from now (by the tokio clock).
+    pub fn after(d: Duration) -> Self {
+        Deadline(tokio::time::Instant::now() + d)
+    }
+}
+
 /// What the throttle did for a request, in the extensions of every response it returns
 /// (`response.extensions().get::<ThrottleInfo>()`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

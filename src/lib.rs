@@ -59,7 +59,7 @@ pub use builder::{
     DEFAULT_MAX_SERVER_WAIT, DEFAULT_WINDOW_GUARD,
 };
 pub use error::{BuildError, ThrottleError};
-pub use extensions::{Cost, NoRetry, ThrottleInfo};
+pub use extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
 pub use throttle::{Permit, Stats, Throttle};
 
 /// The README's examples, compiled as doctests so that they cannot rot.

@@ -20,6 +20,16 @@ pub(crate) struct Counters {
     pub(crate) sent: AtomicU64,
     pub(crate) responses_429: AtomicU64,
     pub(crate) retries: AtomicU64,
+    pub(crate) budget_exhausted: AtomicU64,
+}
+
+/// Why admission failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The request can never be admitted.
+    Cost(ThrottleError),
+    /// Admission would come after the deadline.
+    Deadline,
 }
 
 /// Admission state of one throttle.
@@ -105,27 +115,56 @@ impl Limiter {
         gate.filter(|&g| g > now)
     }
 
-    async fn pass_cooldown(&self) {
-        while let Some(until) = self.closed_until(Instant::now()) {
-            sleep_until(until).await;
+    /// Sleeps until `ready`, or fails at once if `ready` is after `deadline`.
+    async fn wait_until(ready: Instant, deadline: Option<Instant>) -> Result<(), Refused> {
+        if deadline.is_some_and(|d| ready > d) {
+            return Err(Refused::Deadline);
         }
+        sleep_until(ready).await;
+        Ok(())
+    }
+
+    async fn pass_cooldown(&self, deadline: Option<Instant>) -> Result<(), Refused> {
+        while let Some(until) = self.closed_until(Instant::now()) {
+            Self::wait_until(until, deadline).await?;
+        }
+        Ok(())
     }
 
     /// Waits until a request of `cost` units may be sent: the cooldown is open, an in-flight
     /// permit is held, and every quota admits it (and has recorded it).
     ///
     /// # Errors
-    /// [`ThrottleError::CostExceedsQuota`] at once when `cost` exceeds a quota's capacity.
+    /// [`Refused::Cost`] at once when `cost` exceeds a quota's capacity; [`Refused::Deadline`]
+    /// as soon as it is known that admission would come after `deadline` (a cooldown or quota
+    /// that opens later), or at `deadline` while waiting for a permit.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future releases whatever it holds, and quotas are recorded
     /// only in the last step, with no wait after it.
-    pub(crate) async fn admit(&self, cost: u32) -> Result<InFlight, ThrottleError> {
+    pub(crate) async fn admit(
+        &self,
+        cost: u32,
+        deadline: Option<Instant>,
+    ) -> Result<InFlight, Refused> {
         if let Some(capacity) = self.capacity.filter(|&c| cost > c) {
-            return Err(ThrottleError::CostExceedsQuota { cost, capacity });
+            return Err(Refused::Cost(ThrottleError::CostExceedsQuota {
+                cost,
+                capacity,
+            }));
         }
+        let admission = self.admit_inner(cost, deadline);
+        match deadline {
+            Some(d) => tokio::time::timeout_at(d, admission)
+                .await
+                .unwrap_or(Err(Refused::Deadline)),
+            None => admission.await,
+        }
+    }
+
+    async fn admit_inner(&self, cost: u32, deadline: Option<Instant>) -> Result<InFlight, Refused> {
         let queued = Queued::new(&self.counters);
-        self.pass_cooldown().await;
+        self.pass_cooldown(deadline).await?;
         let permit = match &self.in_flight {
             // The semaphore is never closed.
             Some(s) => s.clone().acquire_owned().await.ok(),
@@ -144,11 +183,11 @@ impl Limiter {
                             Err(ready) => ready,
                         },
                     };
-                    sleep_until(ready).await;
+                    Self::wait_until(ready, deadline).await?;
                 }
             }
             // The cooldown may have closed while this caller waited for its permit.
-            None => self.pass_cooldown().await,
+            None => self.pass_cooldown(deadline).await?,
         }
         drop(queued);
         self.counters.in_flight.fetch_add(1, Ordering::Relaxed);

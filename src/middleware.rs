@@ -4,6 +4,7 @@
 //! [`policy`](crate::policy), hint parsing in [`headers`](crate::headers).
 
 use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use http::{Extensions, StatusCode};
@@ -12,9 +13,13 @@ use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
 use crate::body::{hold_until_body_ends, read_error_body};
-use crate::extensions::{Cost, NoRetry, ThrottleInfo};
+use crate::error::ThrottleError;
+use crate::extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
 use crate::headers;
-use crate::policy::{cooldown, may_resend_after_failure, Decision, Outcome, RequestFacts};
+use crate::limiter::Refused;
+use crate::policy::{
+    cooldown, may_resend_after_failure, Decision, Outcome, RequestFacts, StopReason,
+};
 use crate::throttle::{Inner, Throttle};
 
 #[async_trait::async_trait]
@@ -69,13 +74,21 @@ impl Inner {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
+        let started = Instant::now();
         let cost = extensions.get::<Cost>().copied().unwrap_or_default().0;
         let retry_allowed = extensions.get::<NoRetry>().is_none();
+        let deadline = extensions
+            .get::<Deadline>()
+            .map(|d| d.0)
+            .or_else(|| self.deadline.map(|d| started + d));
         if let Some(name) = &self.key_header {
             ensure_idempotency_key(&mut req, name);
         }
         let resend_safe =
             may_resend_after_failure(req.method(), req.headers(), self.key_header.as_ref());
+        if let Some(budget) = &self.budget {
+            lock(budget).record_request(started);
+        }
         let counters = self.limiter.counters();
         let mut waited = Duration::ZERO;
         let mut retries = 0;
@@ -86,11 +99,25 @@ impl Inner {
                 None
             };
             let queued_at = Instant::now();
-            let permit = self.limiter.admit(cost).await.map_err(Error::middleware)?;
+            let admitted = self.limiter.admit(cost, deadline).await;
             waited += queued_at.elapsed();
-            let result = match next.clone().run(req, extensions).await {
-                Ok(response) => read_error_body(response).await.map_err(Error::Reqwest),
-                Err(err) => Err(err),
+            let permit = match admitted {
+                Ok(permit) => permit,
+                Err(Refused::Cost(e)) => return Err(Error::middleware(e)),
+                Err(Refused::Deadline) => return Err(deadline_passed(retries, waited)),
+            };
+            let attempt = async {
+                match next.clone().run(req, extensions).await {
+                    Ok(response) => read_error_body(response).await.map_err(Error::Reqwest),
+                    Err(err) => Err(err),
+                }
+            };
+            let result = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, attempt).await {
+                    Ok(result) => result,
+                    Err(_) => return Err(deadline_passed(retries + 1, waited)),
+                },
+                None => attempt.await,
             };
             let facts = RequestFacts {
                 retries,
@@ -98,7 +125,7 @@ impl Inner {
                 cloneable: spare.is_some(),
                 retry_allowed,
             };
-            let after = match result {
+            let (decision, response) = match result {
                 Ok((response, error_body)) => {
                     let hints = headers::parse(response.headers(), SystemTime::now());
                     let status = response.status();
@@ -114,49 +141,76 @@ impl Inner {
                         hints: &hints,
                         codes: &codes,
                     };
-                    let stopped = match self.decide(&facts, outcome) {
-                        Decision::Retry { after } if spare.is_some() => Ok(after),
-                        Decision::Retry { .. } | Decision::Accept => Err(None),
-                        Decision::Stop(reason) => Err(Some(reason)),
-                    };
-                    match stopped {
-                        Ok(after) => after,
-                        Err(stopped) => {
-                            let mut response = hold_until_body_ends(response, permit);
-                            response.extensions_mut().insert(ThrottleInfo {
-                                attempts: retries + 1,
-                                waited,
-                                hints,
-                                stopped,
-                            });
-                            return Ok(response);
-                        }
-                    }
+                    let decision = self.decide(&facts, outcome);
+                    (decision, Ok((response, hints)))
                 }
                 Err(err) => {
                     let transient = is_transient(&err);
-                    match self.decide(&facts, Outcome::Transport { transient }) {
-                        Decision::Retry { after } if spare.is_some() => after,
-                        _ => return Err(err),
-                    }
+                    (
+                        self.decide(&facts, Outcome::Transport { transient }),
+                        Err(err),
+                    )
+                }
+            };
+            let decision = match decision {
+                Decision::Retry { after } => self.bound_retry(after, deadline),
+                other => other,
+            };
+            let (after, spare) = match (decision, spare) {
+                (Decision::Retry { after }, Some(spare)) => (after, spare),
+                (decision, _) => {
+                    let (response, hints) = response?;
+                    let mut response = hold_until_body_ends(response, permit);
+                    response.extensions_mut().insert(ThrottleInfo {
+                        attempts: retries + 1,
+                        waited,
+                        hints,
+                        stopped: match decision {
+                            Decision::Stop(reason) => Some(reason),
+                            Decision::Accept | Decision::Retry { .. } => None,
+                        },
+                    });
+                    return Ok(response);
                 }
             };
             // The permit (and any response body) is released before the wait.
             drop(permit);
+            drop(response);
             tokio::time::sleep(after).await;
             waited += after;
             retries += 1;
             counters.retries.fetch_add(1, Ordering::Relaxed);
-            // `spare` is `Some`: both arms above checked it before choosing to retry.
-            let Some(spare) = spare else {
-                unreachable!("a retry is chosen only with a spare request")
-            };
             req = spare;
         }
     }
 
     fn decide(&self, facts: &RequestFacts, outcome: Outcome<'_>) -> Decision {
-        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-        self.policy.decide(facts, outcome, &mut *rng)
+        self.policy.decide(facts, outcome, &mut *lock(&self.rng))
     }
+
+    /// A retry the policy chose, unless the deadline or the retry budget rules it out.
+    fn bound_retry(&self, after: Duration, deadline: Option<Instant>) -> Decision {
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now + after > d) {
+            return Decision::Stop(StopReason::Deadline);
+        }
+        if let Some(budget) = &self.budget {
+            if !lock(budget).try_retry(now) {
+                let counters = self.limiter.counters();
+                counters.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                return Decision::Stop(StopReason::RetryBudgetExhausted);
+            }
+        }
+        Decision::Retry { after }
+    }
+}
+
+/// Locks `m`, going on with the data of a holder that panicked (the data stays consistent:
+/// every critical section here is a single update).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn deadline_passed(attempts: u32, waited: Duration) -> Error {
+    Error::middleware(ThrottleError::DeadlineExceeded { attempts, waited })
 }

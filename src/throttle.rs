@@ -1,8 +1,11 @@
 //! [`Throttle`]: the shared handle, and its [`Stats`].
 
 use std::fmt;
+use std::time::Duration;
+
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
 
 use http::HeaderName;
 use rand::rngs::SmallRng;
@@ -10,8 +13,8 @@ use rand::SeedableRng;
 
 use crate::builder::ThrottleBuilder;
 use crate::error::ThrottleError;
-use crate::limiter::{InFlight, Limiter};
-use crate::policy::RetryPolicy;
+use crate::limiter::{InFlight, Limiter, Refused};
+use crate::policy::{BudgetLedger, RetryBudget, RetryPolicy};
 use crate::quota::Quotas;
 
 /// A rate limiter for one API (one quota holder), as `reqwest-middleware` middleware.
@@ -30,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) rng: Mutex<SmallRng>,
     pub(crate) key_header: Option<HeaderName>,
     pub(crate) max_in_flight: Option<usize>,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) budget: Option<Mutex<BudgetLedger>>,
 }
 
 /// The right to have one unit of work in flight, from [`Throttle::acquire`]. Dropping it ends
@@ -54,6 +59,8 @@ pub struct Stats {
     pub responses_429: u64,
     /// Retries made (attempts after a request's first).
     pub retries: u64,
+    /// Retries not made because the retry budget was spent.
+    pub budget_exhausted: u64,
     /// In-flight permits free now, or `None` with no in-flight cap.
     pub available_permits: Option<usize>,
 }
@@ -70,6 +77,8 @@ impl Throttle {
         policy: RetryPolicy,
         seed: Option<u64>,
         key_header: Option<HeaderName>,
+        deadline: Option<Duration>,
+        budget: Option<RetryBudget>,
     ) -> Self {
         let rng = match seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
@@ -82,6 +91,8 @@ impl Throttle {
                 rng: Mutex::new(rng),
                 key_header,
                 max_in_flight,
+                deadline,
+                budget: budget.map(|b| Mutex::new(BudgetLedger::new(b, Instant::now()))),
             }),
         }
     }
@@ -95,6 +106,7 @@ impl Throttle {
             sent: c.sent.load(Ordering::Relaxed),
             responses_429: c.responses_429.load(Ordering::Relaxed),
             retries: c.retries.load(Ordering::Relaxed),
+            budget_exhausted: c.budget_exhausted.load(Ordering::Relaxed),
             available_permits: self.inner.limiter.available_permits(),
         }
     }
@@ -110,11 +122,15 @@ impl Throttle {
     /// # Cancel safety
     /// Cancel safe: a dropped call holds nothing and has charged no quota.
     pub async fn acquire(&self, cost: u32) -> Result<Permit, ThrottleError> {
-        self.inner
-            .limiter
-            .admit(cost)
-            .await
-            .map(|p| Permit { _in_flight: p })
+        match self.inner.limiter.admit(cost, None).await {
+            Ok(p) => Ok(Permit { _in_flight: p }),
+            Err(Refused::Cost(e)) => Err(e),
+            // Not reached without a deadline; reported as such if it ever is.
+            Err(Refused::Deadline) => Err(ThrottleError::DeadlineExceeded {
+                attempts: 0,
+                waited: Duration::ZERO,
+            }),
+        }
     }
 
     /// The retry policy this throttle applies.

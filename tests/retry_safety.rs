@@ -106,3 +106,161 @@ async fn a_get_is_resent_after_503_without_a_key() {
     assert_eq!(seen.len(), 3);
     assert_eq!(seen[2].at - seen[0].at, Duration::from_secs(3));
 }
+
+mod deadlines {
+    use super::*;
+    use reqwest_throttle::{Deadline, ThrottleError};
+    use tokio::time::Instant;
+
+    fn deadline_error(err: reqwest_middleware::Error) -> ThrottleError {
+        let reqwest_middleware::Error::Middleware(inner) = err else {
+            panic!("expected a middleware error, got {err:?}")
+        };
+        inner.downcast_ref::<ThrottleError>().cloned().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_wait_past_the_deadline_returns_the_response_at_once() {
+        let server = FakeServer::new(|_, _| json(429, &[("retry-after", "5")], "{}"));
+        let throttle = Throttle::builder()
+            .deadline(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        let r = server.client(&throttle).get(URL).send().await.unwrap();
+        assert_eq!(r.status(), 429);
+        assert_eq!(info(&r).stopped, Some(StopReason::Deadline));
+        assert_eq!(Instant::now(), t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quota_that_opens_after_the_deadline_fails_at_once() {
+        let server = FakeServer::ok();
+        let throttle = Throttle::builder()
+            .sliding_window(1, Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let c = server.client(&throttle);
+        c.get(URL).send().await.unwrap();
+        let t0 = Instant::now();
+        let err = c
+            .get(URL)
+            .with_extension(Deadline::after(Duration::from_secs(2)))
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            deadline_error(err),
+            ThrottleError::DeadlineExceeded {
+                attempts: 0,
+                waited: Duration::ZERO
+            }
+        );
+        assert_eq!(Instant::now(), t0);
+        assert_eq!(server.seen().len(), 1);
+        // Nothing was charged: the next request waits only for the first send to leave.
+        let r = c.get(URL).send().await.unwrap();
+        assert_eq!(info(&r).waited, Duration::from_millis(10_100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_answer_is_cut_off_at_the_deadline() {
+        let server = FakeServer::ok().with_delay(Duration::from_secs(30));
+        let throttle = Throttle::builder().max_in_flight(1).build().unwrap();
+        let t0 = Instant::now();
+        let err = server
+            .client(&throttle)
+            .get(URL)
+            .with_extension(Deadline::after(Duration::from_secs(4)))
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            deadline_error(err),
+            ThrottleError::DeadlineExceeded {
+                attempts: 1,
+                waited: Duration::ZERO
+            }
+        );
+        assert_eq!(Instant::now() - t0, Duration::from_secs(4));
+        assert_eq!(throttle.stats().available_permits, Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_for_a_permit_ends_at_the_deadline() {
+        // A body not yet read holds the permit (an empty one would release it at once).
+        let server = FakeServer::new(|_, _| json(200, &[], "{}"));
+        let throttle = Throttle::builder().max_in_flight(1).build().unwrap();
+        let c = server.client(&throttle);
+        let held = c.get(URL).send().await.unwrap();
+        let err = c
+            .get(URL)
+            .with_extension(Deadline::after(Duration::from_secs(1)))
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            deadline_error(err),
+            ThrottleError::DeadlineExceeded {
+                attempts: 0,
+                waited: Duration::from_secs(1)
+            }
+        );
+        assert_eq!(throttle.stats().queued, 0);
+        drop(held);
+        assert_eq!(throttle.stats().available_permits, Some(1));
+    }
+}
+
+mod budget {
+    use super::*;
+    use reqwest_throttle::policy::RetryBudget;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spent_budget_stops_retries_and_says_so() {
+        let server = FakeServer::new(|_, _| json(503, &[], "{}"));
+        let throttle = Throttle::builder()
+            .max_retries(1)
+            .jitter(false)
+            .retry_budget(Some(RetryBudget {
+                ratio: 0.5,
+                min_per_second: 0,
+                window: Duration::from_secs(10),
+            }))
+            .build()
+            .unwrap();
+        let c = server.client(&throttle);
+        let mut stopped = Vec::new();
+        for _ in 0..10 {
+            let r = c.get(URL).send().await.unwrap();
+            stopped.push(info(&r).stopped);
+        }
+        let stats = throttle.stats();
+        // Requests 1..10 deposit 0.5 each; a retry needs a whole one in hand.
+        assert_eq!(stats.retries, 5);
+        assert_eq!(stats.budget_exhausted, 5);
+        let spent = stopped
+            .iter()
+            .filter(|s| **s == Some(StopReason::RetryBudgetExhausted))
+            .count();
+        assert_eq!(spent, 5);
+        assert_eq!(server.seen().len(), 15);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_budget_only_max_retries_bounds() {
+        let server = FakeServer::new(|_, _| json(503, &[], "{}"));
+        let throttle = Throttle::builder()
+            .max_retries(1)
+            .jitter(false)
+            .retry_budget(None)
+            .build()
+            .unwrap();
+        let c = server.client(&throttle);
+        for _ in 0..10 {
+            c.get(URL).send().await.unwrap();
+        }
+        assert_eq!(throttle.stats().retries, 10);
+        assert_eq!(throttle.stats().budget_exhausted, 0);
+    }
+}

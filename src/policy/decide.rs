@@ -99,6 +99,10 @@ pub enum StopReason {
     BodyNotCloneable,
     /// The caller asked for no retries ([`NoRetry`](crate::NoRetry)).
     RetryDisabled,
+    /// The wait before the next attempt would end after the request's deadline.
+    Deadline,
+    /// The shared retry budget is spent: retries already add their full share of load.
+    RetryBudgetExhausted,
     /// The server asked for a wait longer than `max_server_wait`.
     WaitTooLong {
         /// The wait the server asked for.

@@ -4,9 +4,11 @@
 //! (and jitter takes an RNG), so each rule is tested without HTTP.
 
 mod backoff;
+mod budget;
 mod decide;
 mod resend;
 
 pub use backoff::{Backoff, Jitter, MAX_ADDED_JITTER};
+pub use budget::{BudgetLedger, RetryBudget};
 pub use decide::{cooldown, Decision, Outcome, RequestFacts, RetryPolicy, StopReason};
 pub use resend::{is_idempotent, may_resend_after_failure};

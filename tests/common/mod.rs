@@ -28,6 +28,7 @@ type Answer = dyn Fn(usize, &Request) -> http::Response<reqwest::Body> + Send + 
 pub struct FakeServer {
     seen: Arc<Mutex<Vec<Seen>>>,
     answer: Arc<Answer>,
+    delay: std::time::Duration,
 }
 
 impl FakeServer {
@@ -37,7 +38,14 @@ impl FakeServer {
         Self {
             seen: Arc::default(),
             answer: Arc::new(answer),
+            delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// Takes `delay` (tokio time) to answer each request.
+    pub fn with_delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// Always `200 OK` with an empty body.
@@ -84,7 +92,9 @@ impl Middleware for FakeServer {
             });
             seen.len() - 1
         };
-        Ok(Response::from((self.answer)(index, &req)))
+        let response = (self.answer)(index, &req);
+        tokio::time::sleep(self.delay).await;
+        Ok(Response::from(response))
     }
 }
 
