@@ -153,6 +153,10 @@ impl Gateway {
     /// # Errors
     ///
     /// If the server task failed or panicked.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the server shutting down in the background: the stop signal
+    /// has been sent, only the wait for open connections is abandoned.
     pub async fn shutdown(mut self) -> io::Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
