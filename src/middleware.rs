@@ -15,10 +15,11 @@ use tokio::time::Instant;
 use crate::body::{hold_until_body_ends, read_error_body};
 use crate::error::ThrottleError;
 use crate::extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
-use crate::headers;
+use crate::headers::{self, ErrorBody, Hints};
 use crate::limiter::Refused;
 use crate::policy::{
-    cooldown, may_resend_after_failure, Decision, Outcome, RequestFacts, StopReason,
+    cooldown, has_idempotency_key, may_resend_after_failure, Decision, Outcome, RequestFacts,
+    StopReason,
 };
 use crate::throttle::{Inner, Throttle};
 
@@ -47,11 +48,7 @@ impl Middleware for Throttle {
 
 /// Puts a fresh UUID v4 in header `name` unless `req` already has a non-blank value there.
 fn ensure_idempotency_key(req: &mut Request, name: &http::HeaderName) {
-    let has_key = req
-        .headers()
-        .get(name)
-        .is_some_and(|v| !v.as_bytes().iter().all(u8::is_ascii_whitespace));
-    if !has_key {
+    if !has_idempotency_key(req.headers(), name) {
         let key = uuid::Uuid::new_v4().hyphenated().to_string();
         if let Ok(value) = http::HeaderValue::from_str(&key) {
             req.headers_mut().insert(name.clone(), value);
@@ -106,18 +103,9 @@ impl Inner {
                 Err(Refused::Cost(e)) => return Err(Error::middleware(e)),
                 Err(Refused::Deadline) => return Err(deadline_passed(retries, waited)),
             };
-            let attempt = async {
-                match next.clone().run(req, extensions).await {
-                    Ok(response) => read_error_body(response).await.map_err(Error::Reqwest),
-                    Err(err) => Err(err),
-                }
-            };
-            let result = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, attempt).await {
-                    Ok(result) => result,
-                    Err(_) => return Err(deadline_passed(retries + 1, waited)),
-                },
-                None => attempt.await,
+            let result = match send(next.clone(), req, extensions, deadline).await {
+                Ok(result) => result,
+                Err(DeadlinePassed) => return Err(deadline_passed(retries + 1, waited)),
             };
             let facts = RequestFacts {
                 retries,
@@ -125,33 +113,7 @@ impl Inner {
                 cloneable: spare.is_some(),
                 retry_allowed,
             };
-            let (decision, response) = match result {
-                Ok((response, error_body)) => {
-                    let hints = headers::parse(response.headers(), SystemTime::now());
-                    let status = response.status();
-                    if status == StatusCode::TOO_MANY_REQUESTS {
-                        counters.responses_429.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait) {
-                        self.limiter.close_until(Instant::now() + d);
-                    }
-                    let codes: Vec<&str> = error_body.iter().flat_map(|b| b.codes()).collect();
-                    let outcome = Outcome::Response {
-                        status,
-                        hints: &hints,
-                        codes: &codes,
-                    };
-                    let decision = self.decide(&facts, outcome);
-                    (decision, Ok((response, hints)))
-                }
-                Err(err) => {
-                    let transient = is_transient(&err);
-                    (
-                        self.decide(&facts, Outcome::Transport { transient }),
-                        Err(err),
-                    )
-                }
-            };
+            let (decision, response) = self.judge(&facts, result);
             let decision = match decision {
                 Decision::Retry { after } => self.bound_retry(after, deadline),
                 other => other,
@@ -184,6 +146,39 @@ impl Inner {
         }
     }
 
+    /// Reads what one attempt produced, applies its cooldown, and decides on it.
+    fn judge(
+        &self,
+        facts: &RequestFacts,
+        result: Result<(Response, Option<ErrorBody>)>,
+    ) -> (Decision, Result<(Response, Hints)>) {
+        let (response, error_body) = match result {
+            Ok(answer) => answer,
+            Err(err) => {
+                let transient = is_transient(&err);
+                let decision = self.decide(facts, Outcome::Transport { transient });
+                return (decision, Err(err));
+            }
+        };
+        let hints = headers::parse(response.headers(), SystemTime::now());
+        let status = response.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            let counters = self.limiter.counters();
+            counters.responses_429.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait) {
+            self.limiter.close_until(Instant::now() + d);
+        }
+        let codes: Vec<&str> = error_body.iter().flat_map(ErrorBody::codes).collect();
+        let outcome = Outcome::Response {
+            status,
+            hints: &hints,
+            codes: &codes,
+        };
+        let decision = self.decide(facts, outcome);
+        (decision, Ok((response, hints)))
+    }
+
     fn decide(&self, facts: &RequestFacts, outcome: Outcome<'_>) -> Decision {
         self.policy.decide(facts, outcome, &mut *lock(&self.rng))
     }
@@ -209,6 +204,31 @@ impl Inner {
 /// every critical section here is a single update).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The deadline passed while an attempt was in progress.
+struct DeadlinePassed;
+
+/// Sends one attempt and, for an error answer that may carry a decisive code, reads its small
+/// body; all of it by `deadline`.
+async fn send(
+    next: Next<'_>,
+    req: Request,
+    extensions: &mut Extensions,
+    deadline: Option<Instant>,
+) -> std::result::Result<Result<(Response, Option<ErrorBody>)>, DeadlinePassed> {
+    let attempt = async {
+        match next.run(req, extensions).await {
+            Ok(response) => read_error_body(response).await.map_err(Error::Reqwest),
+            Err(err) => Err(err),
+        }
+    };
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, attempt)
+            .await
+            .map_err(|_| DeadlinePassed),
+        None => Ok(attempt.await),
+    }
 }
 
 fn deadline_passed(attempts: u32, waited: Duration) -> Error {

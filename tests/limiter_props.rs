@@ -94,7 +94,10 @@ fn run(cap: usize, limit: u32, window: Duration, jobs: Vec<Job>) -> Result<(), T
                 .take_while(|(t, _)| *t < start + window)
                 .map(|(_, c)| c)
                 .sum();
-            prop_assert!(used <= limit, "{used} units in the window from {i}: {sends:?}");
+            prop_assert!(
+                used <= limit,
+                "{used} units in the window from {i}: {sends:?}"
+            );
         }
         let stats = throttle.stats();
         prop_assert_eq!(stats.available_permits, Some(cap));

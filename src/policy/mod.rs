@@ -11,4 +11,4 @@ mod resend;
 pub use backoff::{Backoff, Jitter, MAX_ADDED_JITTER};
 pub use budget::{BudgetLedger, RetryBudget};
 pub use decide::{cooldown, Decision, Outcome, RequestFacts, RetryPolicy, StopReason};
-pub use resend::{is_idempotent, may_resend_after_failure};
+pub use resend::{has_idempotency_key, is_idempotent, may_resend_after_failure};

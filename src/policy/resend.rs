@@ -11,6 +11,14 @@ pub fn is_idempotent(method: &Method) -> bool {
     )
 }
 
+/// Whether `headers` carry a non-blank value in `name`: an empty or all-space key counts as
+/// no key.
+pub fn has_idempotency_key(headers: &http::HeaderMap, name: &HeaderName) -> bool {
+    headers
+        .get(name)
+        .is_some_and(|v| !v.as_bytes().iter().all(u8::is_ascii_whitespace))
+}
+
 /// Whether a request that may have reached the server (a 5xx answer, a broken connection) may be
 /// sent again: its method is idempotent, or it carries a non-blank idempotency key in the header
 /// `key_header` (a blank or all-space value counts as no key).
@@ -19,10 +27,7 @@ pub fn may_resend_after_failure(
     headers: &http::HeaderMap,
     key_header: Option<&HeaderName>,
 ) -> bool {
-    is_idempotent(method)
-        || key_header
-            .and_then(|name| headers.get(name))
-            .is_some_and(|v| !v.as_bytes().iter().all(u8::is_ascii_whitespace))
+    is_idempotent(method) || key_header.is_some_and(|name| has_idempotency_key(headers, name))
 }
 
 #[cfg(test)]
