@@ -56,12 +56,30 @@ fn ensure_idempotency_key(req: &mut Request, name: &http::HeaderName) {
     }
 }
 
-/// Whether a transport error may clear on a later attempt.
+/// Whether a transport error may clear on a later attempt: a timeout, a connection refused,
+/// reset or closed early, a body cut off. Not: a bad URL or scheme, a TLS backend that is not
+/// compiled in (a connect error with no I/O cause), an invalid certificate or input (I/O errors
+/// of kind `InvalidData`, `InvalidInput`, `Unsupported`, `PermissionDenied`), or an error of
+/// another middleware.
 fn is_transient(err: &Error) -> bool {
-    match err {
-        Error::Reqwest(e) => e.is_connect() || e.is_timeout() || e.is_request() || e.is_body(),
-        Error::Middleware(_) => false,
+    let Error::Reqwest(e) = err else {
+        return false;
+    };
+    if e.is_timeout() {
+        return true;
     }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            return !matches!(
+                io.kind(),
+                InvalidData | InvalidInput | Unsupported | PermissionDenied
+            );
+        }
+        source = cause.source();
+    }
+    !e.is_connect() && (e.is_request() || e.is_body())
 }
 
 impl Inner {
@@ -121,6 +139,9 @@ impl Inner {
             let (after, spare) = match (decision, spare) {
                 (Decision::Retry { after }, Some(spare)) => (after, spare),
                 (decision, _) => {
+                    if let Decision::Stop(reason) = &decision {
+                        tracing::debug!(attempts = retries + 1, ?reason, "not retried");
+                    }
                     let (response, hints) = response?;
                     let mut response = hold_until_body_ends(response, permit);
                     response.extensions_mut().insert(ThrottleInfo {
@@ -135,6 +156,7 @@ impl Inner {
                     return Ok(response);
                 }
             };
+            tracing::debug!(attempt = retries + 1, wait = ?after, "retrying");
             // The permit (and any response body) is released before the wait.
             drop(permit);
             drop(response);
@@ -167,6 +189,7 @@ impl Inner {
             counters.responses_429.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait) {
+            tracing::debug!(status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
             self.limiter.close_until(Instant::now() + d);
         }
         let codes: Vec<&str> = error_body.iter().flat_map(ErrorBody::codes).collect();

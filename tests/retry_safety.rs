@@ -264,3 +264,50 @@ mod budget {
         assert_eq!(throttle.stats().budget_exhausted, 0);
     }
 }
+
+mod transport {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_connection_is_retried_for_get_only() {
+        // Nothing listens on a port just freed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}/x");
+        let throttle = Throttle::builder()
+            .max_retries(2)
+            .jitter(false)
+            .build()
+            .unwrap();
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(throttle.clone())
+            .build();
+        assert!(client.get(&url).send().await.unwrap_err().is_connect());
+        assert_eq!(throttle.stats().sent, 3);
+        assert!(client
+            .post(&url)
+            .body("x")
+            .send()
+            .await
+            .unwrap_err()
+            .is_connect());
+        assert_eq!(throttle.stats().sent, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permanent_error_is_not_retried() {
+        let throttle = Throttle::builder().max_retries(3).build().unwrap();
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(throttle.clone())
+            .build();
+        // No TLS backend is compiled into this crate's tests, and ftp is no HTTP scheme.
+        for url in ["https://127.0.0.1:9/x", "ftp://127.0.0.1/x"] {
+            let before = throttle.stats().sent;
+            client.get(url).send().await.unwrap_err();
+            assert_eq!(throttle.stats().sent - before, 1, "{url}");
+        }
+    }
+}
