@@ -1,12 +1,15 @@
-//! A response body that holds the request's in-flight permit until it ends.
+//! Response bodies: the permit that rides on a body until it ends, and the short, bounded
+//! read of an error body whose code may change the retry decision.
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use reqwest::ResponseBuilderExt;
 
+use crate::headers::{parse_error_body, ErrorBody, MAX_ERROR_BODY};
 use crate::limiter::InFlight;
 
 /// Wraps a body and drops the permit when the body ends, fails, or is dropped.
@@ -40,21 +43,39 @@ impl Body for PermitBody {
     }
 }
 
+/// Splits `response` into parts and body, keeping its URL (which reqwest keeps outside the parts).
+fn split(response: reqwest::Response) -> (http::response::Parts, reqwest::Body, reqwest::Url) {
+    let url = response.url().clone();
+    let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+    (parts, body, url)
+}
+
+/// Puts a response back together: status, version, headers and extensions from `parts`, and
+/// the URL through reqwest's builder extension.
+fn join(
+    mut parts: http::response::Parts,
+    body: reqwest::Body,
+    url: reqwest::Url,
+) -> reqwest::Response {
+    if let Ok(with_url) = http::Response::builder().url(url).body(()) {
+        parts.extensions.extend(with_url.into_parts().0.extensions);
+    }
+    reqwest::Response::from(http::Response::from_parts(parts, body))
+}
+
 /// Moves `permit` into `response`'s body, keeping status, version, headers, extensions, URL and
 /// content length as they were. A body already at its end releases the permit now.
 pub(crate) fn hold_until_body_ends(
     response: reqwest::Response,
     permit: InFlight,
 ) -> reqwest::Response {
-    let url = response.url().clone();
-    let (mut parts, inner) = http::Response::<reqwest::Body>::from(response).into_parts();
+    let (parts, inner, url) = split(response);
     let permit = (!inner.is_end_stream()).then_some(permit);
-    let body = reqwest::Body::wrap(PermitBody { inner, permit });
-    // reqwest keeps the URL outside the parts; its builder extension puts it back.
-    if let Ok(with_url) = http::Response::builder().url(url).body(()) {
-        parts.extensions.extend(with_url.into_parts().0.extensions);
-    }
-    reqwest::Response::from(http::Response::from_parts(parts, body))
+    join(
+        parts,
+        reqwest::Body::wrap(PermitBody { inner, permit }),
+        url,
+    )
 }
 
 /// Statuses whose body may hold an error code that changes the decision (a used-up quota,
@@ -63,36 +84,85 @@ fn may_carry_code(status: http::StatusCode) -> bool {
     matches!(status.as_u16(), 403 | 409 | 429)
 }
 
-/// Reads the body of an error answer that may carry a decisive code, when its
-/// `Content-Length` is at most [`MAX_ERROR_BODY`](crate::headers::MAX_ERROR_BODY), and returns
-/// the parsed body with the response rebuilt around the same bytes (status, version, headers,
-/// extensions and URL kept). Other responses, and bodies that fail to read, are passed on.
+/// How long the throttle waits for a small error body before deciding on the headers alone.
+pub(crate) const ERROR_BODY_WAIT: Duration = Duration::from_secs(2);
+
+/// Reads the body of an error answer that may carry a decisive code (403, 409, 429) when its
+/// `Content-Length` is at most [`MAX_ERROR_BODY`](crate::headers::MAX_ERROR_BODY), for at most
+/// [`ERROR_BODY_WAIT`], and returns the response rebuilt around the same bytes with the parsed
+/// body. A body that breaks off or stalls is not parsed: the response keeps the bytes read so
+/// far, then the rest of the stream (or its error), so the caller sees what it would have seen
+/// without the throttle. Other responses pass unread.
 pub(crate) async fn read_error_body(
     response: reqwest::Response,
-) -> Result<(reqwest::Response, Option<crate::headers::ErrorBody>), reqwest::Error> {
+) -> (reqwest::Response, Option<ErrorBody>) {
     let small = response
         .content_length()
-        .is_some_and(|n| n <= crate::headers::MAX_ERROR_BODY as u64);
+        .is_some_and(|n| n <= MAX_ERROR_BODY as u64);
     if !may_carry_code(response.status()) || !small {
-        return Ok((response, None));
+        return (response, None);
     }
-    let mut response = response;
-    let url = response.url().clone();
-    let status = response.status();
-    let version = response.version();
-    let headers = std::mem::take(response.headers_mut());
-    let extensions = std::mem::take(response.extensions_mut());
-    let bytes = response.bytes().await?;
-    let parsed = crate::headers::parse_error_body(&bytes);
-    let mut rebuilt = http::Response::new(reqwest::Body::from(bytes));
-    *rebuilt.status_mut() = status;
-    *rebuilt.version_mut() = version;
-    *rebuilt.headers_mut() = headers;
-    *rebuilt.extensions_mut() = extensions;
-    if let Ok(with_url) = http::Response::builder().url(url).body(()) {
-        rebuilt
-            .extensions_mut()
-            .extend(with_url.into_parts().0.extensions);
+    let (parts, mut rest, url) = split(response);
+    let mut read = BytesMut::new();
+    let outcome = tokio::time::timeout(ERROR_BODY_WAIT, async {
+        loop {
+            match std::future::poll_fn(|cx| Pin::new(&mut rest).poll_frame(cx)).await {
+                None => return Ok(()),
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        read.extend_from_slice(data);
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+            }
+        }
+    })
+    .await;
+    let read = read.freeze();
+    let (parsed, body) = match outcome {
+        Ok(Ok(())) => (parse_error_body(&read), reqwest::Body::from(read)),
+        Ok(Err(error)) => (None, Prefixed::body(read, Err(error))),
+        Err(_stalled) => (None, Prefixed::body(read, Ok(rest))),
+    };
+    (join(parts, body, url), parsed)
+}
+
+/// The bytes already read from a body, then what is left of it: the rest of the stream, or
+/// the error that cut it off.
+#[derive(Debug)]
+struct Prefixed {
+    read: Option<Bytes>,
+    rest: Option<Result<reqwest::Body, reqwest::Error>>,
+}
+
+impl Prefixed {
+    fn body(read: Bytes, rest: Result<reqwest::Body, reqwest::Error>) -> reqwest::Body {
+        reqwest::Body::wrap(Prefixed {
+            read: (!read.is_empty()).then_some(read),
+            rest: Some(rest),
+        })
     }
-    Ok((reqwest::Response::from(rebuilt), parsed))
+}
+
+impl Body for Prefixed {
+    type Data = Bytes;
+    type Error = reqwest::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
+        if let Some(read) = self.read.take() {
+            return Poll::Ready(Some(Ok(Frame::data(read))));
+        }
+        match self.rest.as_mut() {
+            Some(Ok(rest)) => Pin::new(rest).poll_frame(cx),
+            Some(Err(_)) => Poll::Ready(self.rest.take().and_then(Result::err).map(Err)),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_none() && matches!(&self.rest, Some(Ok(rest)) if rest.is_end_stream())
+    }
 }

@@ -58,6 +58,40 @@ impl Drop for InFlight {
     }
 }
 
+/// One caller's turn at the quotas (the lock held, FIFO). If the caller gives up before it is
+/// admitted, the token-bucket cells it took are left to the next caller instead of being lost.
+struct QuotaStep<'a> {
+    quotas: tokio::sync::MutexGuard<'a, Quotas>,
+    cost: u32,
+    progress: Progress,
+}
+
+impl<'a> QuotaStep<'a> {
+    fn start(mut quotas: tokio::sync::MutexGuard<'a, Quotas>, cost: u32) -> Self {
+        let progress = quotas.resume(cost);
+        Self {
+            quotas,
+            cost,
+            progress,
+        }
+    }
+
+    fn try_admit(&mut self, now: Instant) -> Result<(), Instant> {
+        let admitted = self.quotas.try_admit(self.cost, now, &mut self.progress);
+        if admitted.is_ok() {
+            self.progress = Progress::default();
+        }
+        admitted
+    }
+}
+
+impl Drop for QuotaStep<'_> {
+    fn drop(&mut self) {
+        let progress = std::mem::take(&mut self.progress);
+        self.quotas.leave(self.cost, progress);
+    }
+}
+
 /// Counts a caller as queued while it exists.
 struct Queued<'a>(&'a Counters);
 
@@ -172,13 +206,12 @@ impl Limiter {
         };
         match &self.quotas {
             Some(quotas) => {
-                let mut quotas = quotas.lock().await;
-                let mut progress = Progress::default();
+                let mut step = QuotaStep::start(quotas.lock().await, cost);
                 loop {
                     let now = Instant::now();
                     let ready = match self.closed_until(now) {
                         Some(until) => until,
-                        None => match quotas.try_admit(cost, now, &mut progress) {
+                        None => match step.try_admit(now) {
                             Ok(()) => break,
                             Err(ready) => ready,
                         },

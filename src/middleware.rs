@@ -242,7 +242,7 @@ async fn send(
 ) -> std::result::Result<Result<(Response, Option<ErrorBody>)>, DeadlinePassed> {
     let attempt = async {
         match next.run(req, extensions).await {
-            Ok(response) => read_error_body(response).await.map_err(Error::Reqwest),
+            Ok(response) => Ok(read_error_body(response).await),
             Err(err) => Err(err),
         }
     };

@@ -931,3 +931,145 @@ async fn many_requests_through_a_small_cap_all_complete() {
     assert_eq!((server.requests(), throttle.stats().sent), (N, N as u64));
     assert_idle(&throttle, 10);
 }
+
+// Error bodies that break off or stall, and cancellation between two token buckets.
+
+/// A server whose first answer is a window 429 (`Retry-After: 30`) announcing a 100-byte JSON
+/// error body and closing after 9 bytes of it; then `200 ok`.
+async fn cut_429_then_ok() -> RawServer {
+    RawServer::start(|i, _| {
+        if i == 0 {
+            vec![
+                Step::Write(head(
+                    "429 Too Many Requests",
+                    &[
+                        ("retry-after", b"30"),
+                        ("rate_limit_type", b"requests_per_minute"),
+                    ],
+                    &[
+                        ("content-type", b"application/json"),
+                        ("content-length", b"100"),
+                    ],
+                )),
+                Step::Write(b"{\"error\":".to_vec()),
+                Step::Close,
+            ]
+        } else {
+            ok("ok")
+        }
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_whose_error_body_is_cut_is_still_a_429() {
+    for method in [http::Method::GET, http::Method::POST] {
+        let server = cut_429_then_ok().await;
+        let throttle = Throttle::builder()
+            .max_in_flight(1)
+            .jitter(false)
+            .build()
+            .unwrap();
+        let r = client(&throttle)
+            .request(method.clone(), server.url("/x"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method}: a 429 with a cut body became {e:?}"));
+        assert_eq!(r.status(), 200, "{method}");
+        let i = info(&r);
+        // The 429's Retry-After is honoured, like any 429's.
+        assert_eq!((i.attempts, i.waited), (2, 30 * S), "{method}");
+        let s = throttle.stats();
+        assert_eq!((s.sent, s.responses_429, s.retries), (2, 1, 1), "{method}");
+        assert_eq!(server.requests(), 2, "{method}");
+        drop(r);
+        assert_idle(&throttle, 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_error_body_that_is_returned_keeps_its_bytes_then_its_error() {
+    let server = cut_429_then_ok().await;
+    let throttle = Throttle::builder().max_in_flight(1).build().unwrap();
+    let mut r = client(&throttle)
+        .get(server.url("/x"))
+        .with_extension(reqwest_throttle::NoRetry)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(info(&r).stopped, Some(StopReason::RetryDisabled));
+    assert_eq!(
+        r.chunk().await.unwrap().as_deref(),
+        Some(&b"{\"error\":"[..])
+    );
+    assert!(
+        r.chunk().await.is_err(),
+        "the cut is reported, as without the throttle"
+    );
+    drop(r);
+    assert_idle(&throttle, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_whose_error_body_stalls_does_not_hang_the_caller() {
+    let server = RawServer::start(|_, _| {
+        vec![
+            Step::Write(head(
+                "429 Too Many Requests",
+                &[("retry-after", b"1")],
+                &[("content-length", b"100")],
+            )),
+            Step::Write(b"{\"error\":".to_vec()),
+            Step::Hang,
+        ]
+    })
+    .await;
+    // A plain client gets the 429 at once.
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = tokio::time::timeout(S, plain.get(server.url("/x")).send()).await;
+    assert_eq!(r.unwrap().unwrap().status(), 429);
+    let throttle = Throttle::builder().max_in_flight(1).build().unwrap();
+    let r = tokio::time::timeout(
+        600 * S,
+        client(&throttle)
+            .get(server.url("/x"))
+            .with_extension(reqwest_throttle::NoRetry)
+            .send(),
+    )
+    .await
+    .expect("the throttle waits forever for a 429's error body, holding its permit")
+    .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(info(&r).stopped, Some(StopReason::RetryDisabled));
+    drop(r);
+    assert_idle(&throttle, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_dropped_between_two_token_buckets_charges_neither() {
+    use std::num::NonZeroU32;
+    let n = |x| NonZeroU32::new(x).unwrap();
+    // A: 2 a minute, burst 2. B: 1 a second, burst 1.
+    let throttle = Throttle::builder()
+        .token_bucket(governor::Quota::per_minute(n(2)))
+        .token_bucket(governor::Quota::per_second(n(1)))
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    drop(throttle.acquire(1).await.unwrap()); // A: 1 cell left; B: empty until t0 + 1 s
+    let waiting = tokio::spawn({
+        let throttle = throttle.clone();
+        async move { throttle.acquire(1).await.map(drop) }
+    });
+    tokio::time::sleep(S / 2).await;
+    assert_eq!(throttle.stats().queued, 1);
+    // `acquire`: "a dropped call holds nothing and has charged no quota".
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    // A still has its second cell, so the next caller waits only for B, until t0 + 1 s.
+    drop(throttle.acquire(1).await.unwrap());
+    assert_eq!(Instant::now() - t0, S);
+    assert_eq!(throttle.stats().sent, 2);
+}

@@ -22,6 +22,10 @@ pub(crate) const MAX_TOKEN_BUCKETS: usize = 64;
 pub(crate) struct Quotas {
     windows: Vec<SlidingWindow>,
     buckets: Vec<TokenBucket>,
+    /// Cells taken by a caller that gave up before it was admitted (cancelled, or past its
+    /// deadline), with their cost: the next caller of that cost is admitted with them, so
+    /// giving up wastes no quota.
+    carried: Option<(u32, Progress)>,
 }
 
 /// Which token buckets one request has already taken its cells from, so that a request that
@@ -32,7 +36,28 @@ pub(crate) struct Progress(u64);
 impl Quotas {
     pub(crate) fn new(windows: Vec<SlidingWindow>, buckets: Vec<TokenBucket>) -> Self {
         debug_assert!(buckets.len() <= MAX_TOKEN_BUCKETS);
-        Self { windows, buckets }
+        Self {
+            windows,
+            buckets,
+            carried: None,
+        }
+    }
+
+    /// The progress a caller of `cost` starts from: cells a caller of the same cost took and
+    /// left behind, if any. Cells left by a caller of another cost are not reused (governor
+    /// cannot give them back): they are lost, which only ever slows admission.
+    pub(crate) fn resume(&mut self, cost: u32) -> Progress {
+        match self.carried.take() {
+            Some((c, progress)) if c == cost => progress,
+            _ => Progress::default(),
+        }
+    }
+
+    /// Leaves the cells a caller of `cost` has taken to the next caller of that cost.
+    pub(crate) fn leave(&mut self, cost: u32, progress: Progress) {
+        if progress.0 != 0 {
+            self.carried = Some((cost, progress));
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -139,5 +164,25 @@ mod tests {
         let mut p2 = Progress::default();
         let err = quotas.try_admit(1, Instant::now(), &mut p2).unwrap_err();
         assert_eq!(err, Instant::now() + Duration::from_secs(60));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cells_left_behind_go_to_the_next_caller_of_the_same_cost() {
+        let fast = TokenBucket::new(governor::Quota::per_minute(NonZeroU32::new(4).unwrap()));
+        let slow = TokenBucket::new(governor::Quota::per_minute(NonZeroU32::new(1).unwrap()));
+        let mut quotas = Quotas::new(vec![], vec![fast, slow]);
+        let now = Instant::now();
+        let mut p = quotas.resume(1);
+        assert_eq!(quotas.try_admit(1, now, &mut p), Ok(()));
+        // The next caller takes a `fast` cell, then waits on `slow` and gives up.
+        let mut p = quotas.resume(1);
+        assert!(quotas.try_admit(1, now, &mut p).is_err());
+        quotas.leave(1, p);
+        // A caller of another cost cannot use them: they are dropped.
+        assert_eq!(quotas.resume(2).0, 0);
+        quotas.leave(1, Progress(1));
+        // A caller of the same cost resumes with the `fast` cell already taken.
+        assert_eq!(quotas.resume(1).0, 1);
+        assert_eq!(quotas.resume(1).0, 0, "taken once");
     }
 }
