@@ -23,8 +23,25 @@ use reqwest_throttle::testing::{Gateway, GatewayConfig};
 use reqwest_throttle::Throttle;
 use tokio::time::Instant;
 
-const USAGE: &str = "usage: swarm [--json] [--compare] [--no-quota] [-n REQUESTS] [--agents N]
-             [--url URL [--header 'Name: value']... [--rpm N] [--window-secs S] [--parallel N]]";
+const HELP: &str = "\
+swarm: 50 agents share one rate-limited API through one reqwest-throttle Throttle.
+
+Without --url it starts a simulated gateway on loopback with the given limits (default: 120
+requests per 6 s window, 20 parallel, ~50 ms per answer, every fifth answer streamed) and
+reports what the gateway saw.
+
+usage: swarm [OPTIONS]
+  --json              print each summary as one JSON line on stdout
+  --compare           also run a plain client (no throttle), for contrast
+  --no-quota          configure only max_in_flight: learn the window from 429s
+  -n, --requests N    requests in all (default 600)
+  --agents N          concurrent agents (default 50)
+  --rpm N             requests allowed per window (default 120)
+  --window-secs S     window length in seconds (default 6; 60 with --url)
+  --parallel N        requests allowed in flight (default 20)
+  --url URL           send GET requests to this http:// URL instead (no TLS in this example)
+  --header 'Name: v'  add a header to every request (repeatable), e.g. Authorization
+  -h, --help          this help";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -33,14 +50,20 @@ struct Args {
     no_quota: bool,
     requests: usize,
     agents: usize,
-    url: Option<String>,
+    url: Option<reqwest::Url>,
     headers: Vec<(String, String)>,
     per_window: u32,
     window: Duration,
     parallel: usize,
 }
 
-fn parse_args() -> Result<Args, String> {
+/// What the command line asked for: a run, or the help text.
+enum Command {
+    Run(Args),
+    Help,
+}
+
+fn parse_args() -> Result<Command, String> {
     let mut a = Args {
         json: false,
         compare: false,
@@ -50,38 +73,57 @@ fn parse_args() -> Result<Args, String> {
         url: None,
         headers: Vec::new(),
         per_window: 120,
-        window: Duration::from_secs(6),
+        window: Duration::ZERO,
         parallel: 20,
     };
+    let mut window_secs = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
-        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
+        let mut value = || {
+            args.next()
+                .ok_or(format!("{flag} needs a value (see --help)"))
+        };
+        let number = |v: String| {
+            v.parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or(format!("{flag} takes a whole number above 0, not {v:?}"))
+        };
         match flag.as_str() {
             "--json" => a.json = true,
             "--compare" => a.compare = true,
             "--no-quota" => a.no_quota = true,
             "-n" | "--requests" => a.requests = number(value()?)? as usize,
-            "--agents" => a.agents = number(value()?)?.max(1) as usize,
+            "--agents" => a.agents = number(value()?)? as usize,
             "--url" => {
-                a.url = Some(value()?);
-                // A real API: the seed's limits in real time unless told otherwise.
-                a.window = Duration::from_secs(60);
+                let v = value()?;
+                let url = reqwest::Url::parse(&v).map_err(|e| format!("--url {v:?}: {e}"))?;
+                if url.scheme() != "http" {
+                    return Err(format!(
+                        "--url {v:?}: only http:// is supported (this example is built without TLS)"
+                    ));
+                }
+                a.url = Some(url);
             }
             "--header" => {
                 let h = value()?;
-                let (name, v) = h.split_once(':').ok_or(format!("--header {h:?}: no ':'"))?;
+                let (name, v) = h
+                    .split_once(':')
+                    .ok_or(format!("--header {h:?}: expected 'Name: value'"))?;
                 a.headers
                     .push((name.trim().to_owned(), v.trim().to_owned()));
             }
-            "--rpm" => a.per_window = number(value()?)? as u32,
-            "--window-secs" => a.window = Duration::from_secs(number(value()?)?),
+            "--rpm" => a.per_window = number(value()?)?,
+            "--window-secs" => window_secs = Some(number(value()?)?),
             "--parallel" => a.parallel = number(value()?)? as usize,
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            "-h" | "--help" => return Ok(Command::Help),
+            other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
     }
-    Ok(a)
+    // A real API counts in real time: the seed's 60 s window unless told otherwise.
+    let default_window = if a.url.is_some() { 60 } else { 6 };
+    a.window = Duration::from_secs(window_secs.unwrap_or(default_window).into());
+    Ok(Command::Run(a))
 }
 
 /// What one run of the swarm measured.
@@ -97,6 +139,7 @@ struct Summary {
     wall_s: f64,
     theoretical_min_s: f64,
     server: Option<reqwest_throttle::testing::GatewayStats>,
+    first_failure: Option<String>,
 }
 
 /// Counts kept while the swarm runs.
@@ -105,7 +148,16 @@ struct Progress {
     next: AtomicUsize,
     done: AtomicUsize,
     ok: AtomicUsize,
-    seen_429: AtomicUsize,
+    /// 429s that reached an agent (the throttle gave up on them, or there is no throttle).
+    final_429: AtomicUsize,
+    first_failure: std::sync::Mutex<Option<String>>,
+}
+
+impl Progress {
+    fn fail(&self, why: String) {
+        let mut first = self.first_failure.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert(why);
+    }
 }
 
 /// Where the agents send: the gateway (chat and stream routes) or one given URL.
@@ -157,14 +209,27 @@ async fn run_swarm(
                     }
                     let ok = match req.send().await {
                         Ok(r) => {
-                            if r.status() == 429 {
-                                progress.seen_429.fetch_add(1, Ordering::Relaxed);
+                            let status = r.status();
+                            if status == 429 {
+                                progress.final_429.fetch_add(1, Ordering::Relaxed);
                             }
-                            let success = r.status().is_success();
                             // Read to the end: a body in progress still holds its slot.
-                            r.bytes().await.is_ok() && success
+                            match r.bytes().await {
+                                Ok(_) if status.is_success() => true,
+                                Ok(_) => {
+                                    progress.fail(format!("HTTP {status}"));
+                                    false
+                                }
+                                Err(e) => {
+                                    progress.fail(format!("body: {e}"));
+                                    false
+                                }
+                            }
                         }
-                        Err(_) => false,
+                        Err(e) => {
+                            progress.fail(error_chain(&e));
+                            false
+                        }
                     };
                     if ok {
                         progress.ok.fetch_add(1, Ordering::Relaxed);
@@ -191,10 +256,15 @@ async fn run_swarm(
             (s.sent, s.responses_429, s.retries)
         }
         None => {
-            let seen = progress.seen_429.load(Ordering::Relaxed) as u64;
+            let seen = progress.final_429.load(Ordering::Relaxed) as u64;
             (args.requests as u64, seen, 0)
         }
     };
+    let first_failure = progress
+        .first_failure
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     Summary {
         client: client_name,
         requests: args.requests,
@@ -204,8 +274,21 @@ async fn run_swarm(
         responses_429,
         retries,
         wall_s,
+        first_failure,
         ..Summary::default()
     }
+}
+
+/// An error and its causes on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
 }
 
 fn draw(p: &Progress, total: usize) {
@@ -213,11 +296,11 @@ fn draw(p: &Progress, total: usize) {
     let width = 40;
     let filled = done * width / total.max(1);
     eprint!(
-        "\r[{}{}] {done}/{total}  ok {}  429s seen by agents {}",
+        "\r[{}{}] {done}/{total}  ok {}  final 429s {}",
         "#".repeat(filled),
         ".".repeat(width - filled),
         p.ok.load(Ordering::Relaxed),
-        p.seen_429.load(Ordering::Relaxed),
+        p.final_429.load(Ordering::Relaxed),
     );
     let _ = std::io::stderr().flush();
 }
@@ -254,7 +337,9 @@ fn theoretical_min(args: &Args, gateway: Option<&GatewayConfig>) -> f64 {
 }
 
 fn print(summary: &Summary, args: &Args, json: bool) {
-    let ratio = summary.wall_s / summary.theoretical_min_s.max(f64::EPSILON);
+    // A ratio means something only when every request succeeded and the minimum is not zero.
+    let ratio = (summary.failures == 0 && summary.theoretical_min_s > 0.0)
+        .then(|| summary.wall_s / summary.theoretical_min_s);
     let (peak, max_in_window) = summary.server.as_ref().map_or((None, None), |s| {
         (Some(s.peak_parallel), Some(s.max_in_window))
     });
@@ -275,6 +360,7 @@ fn print(summary: &Summary, args: &Args, json: bool) {
             "limit_per_window": args.per_window,
             "window_s": args.window.as_secs_f64(),
             "limit_parallel": args.parallel,
+            "first_failure": summary.first_failure,
         });
         println!("{line}");
         return;
@@ -285,11 +371,18 @@ fn print(summary: &Summary, args: &Args, json: bool) {
     println!("sent (with retries)    {}", summary.sent);
     println!("succeeded              {}", summary.ok);
     println!("final failures         {}", summary.failures);
-    println!("responses 429          {}", summary.responses_429);
+    if let Some(why) = &summary.first_failure {
+        println!("  first failure        {why}");
+    }
+    println!(
+        "responses 429          {} (received; retried ones included)",
+        summary.responses_429
+    );
     println!("retries                {}", summary.retries);
     println!("wall time              {:.2} s", summary.wall_s);
+    let ratio = ratio.map_or("n/a".to_owned(), |r| format!("{r:.3}x"));
     println!(
-        "theoretical minimum    {:.2} s ({ratio:.3}x)",
+        "theoretical minimum    {:.2} s (wall / minimum: {ratio})",
         summary.theoretical_min_s
     );
     println!(
@@ -309,13 +402,17 @@ fn print(summary: &Summary, args: &Args, json: bool) {
 #[tokio::main]
 async fn main() {
     let mut args = match parse_args() {
-        Ok(a) => a,
+        Ok(Command::Run(a)) => a,
+        Ok(Command::Help) => {
+            println!("{HELP}");
+            return;
+        }
         Err(msg) => {
-            eprintln!("{msg}");
+            eprintln!("swarm: {msg}");
             std::process::exit(2);
         }
     };
-    let mut builder = Throttle::builder().max_in_flight(args.parallel.max(1));
+    let mut builder = Throttle::builder().max_in_flight(args.parallel);
     if !args.no_quota {
         builder = builder.sliding_window(args.per_window, args.window);
     }
@@ -332,7 +429,7 @@ async fn main() {
         .expect("a plain HTTP client builds");
 
     let (gateway, target) = match &args.url {
-        Some(url) => (None, Target::Url(url.clone())),
+        Some(url) => (None, Target::Url(url.to_string())),
         None => {
             let config = GatewayConfig::seed_limits()
                 .with_requests_per_window(args.per_window)
