@@ -53,7 +53,10 @@ impl SlidingWindow {
     /// leave the window. `cost` must be at most [`capacity`](Self::capacity).
     pub(crate) fn ready_at(&mut self, cost: u32, now: Instant) -> Instant {
         self.expire(now);
-        let over = (self.used + cost).saturating_sub(self.limit.get());
+        let over = self
+            .used
+            .saturating_add(cost)
+            .saturating_sub(self.limit.get());
         if over == 0 {
             return now;
         }
@@ -74,7 +77,8 @@ impl SlidingWindow {
         if cost == 0 {
             return;
         }
-        self.used += cost;
+        // `used + cost <= limit` here: `ready_at` admitted it.
+        self.used = self.used.saturating_add(cost);
         match self.log.back_mut() {
             Some((at, units)) if *at == now => *units += cost,
             _ => self.log.push_back((now, cost)),
@@ -153,5 +157,16 @@ mod tests {
         w.record(1, t0);
         assert_eq!(w.log.len(), 1);
         assert_eq!(w.used(t0), 2);
+    }
+
+    #[test]
+    fn a_limit_near_u32_max_does_not_overflow() {
+        let t0 = Instant::now();
+        let mut w = window(u32::MAX, 60);
+        assert_eq!(w.ready_at(u32::MAX - 1, t0), t0);
+        w.record(u32::MAX - 1, t0);
+        assert_eq!(w.ready_at(1, t0), t0);
+        assert_eq!(w.ready_at(u32::MAX, t0), t0 + Duration::from_secs(60));
+        assert_eq!(w.used(t0), u32::MAX - 1);
     }
 }
