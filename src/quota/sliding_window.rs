@@ -62,7 +62,7 @@ impl SlidingWindow {
         }
         let mut freed = 0;
         for &(at, units) in &self.log {
-            freed += units;
+            freed += u64::from(units);
             if freed >= over {
                 return at + self.span;
             }
