@@ -53,10 +53,7 @@ impl SlidingWindow {
     /// leave the window. `cost` must be at most [`capacity`](Self::capacity).
     pub(crate) fn ready_at(&mut self, cost: u32, now: Instant) -> Instant {
         self.expire(now);
-        let over = self
-            .used
-            .saturating_add(cost)
-            .saturating_sub(self.limit.get());
+        let over = (u64::from(self.used) + u64::from(cost)).saturating_sub(self.limit.get().into());
         if over == 0 {
             return now;
         }
