@@ -133,7 +133,14 @@ impl Inner {
             };
             let (decision, response) = self.judge(&facts, result);
             let decision = match decision {
-                Decision::Retry { after } => self.bound_retry(after, deadline),
+                Decision::Retry { after } => {
+                    // A refusal (429, 409 in progress) never ran: only failures draw on the
+                    // retry budget.
+                    let refused = response
+                        .as_ref()
+                        .is_ok_and(|(r, _)| matches!(r.status().as_u16(), 409 | 429));
+                    self.bound_retry(after, deadline, !refused)
+                }
                 other => other,
             };
             let (after, spare) = match (decision, spare) {
@@ -206,13 +213,14 @@ impl Inner {
         self.policy.decide(facts, outcome, &mut *lock(&self.rng))
     }
 
-    /// A retry the policy chose, unless the deadline or the retry budget rules it out.
-    fn bound_retry(&self, after: Duration, deadline: Option<Instant>) -> Decision {
+    /// A retry the policy chose, unless the deadline or (for a failure, `charge`) the retry
+    /// budget rules it out.
+    fn bound_retry(&self, after: Duration, deadline: Option<Instant>, charge: bool) -> Decision {
         let now = Instant::now();
         if deadline.is_some_and(|d| now + after > d) {
             return Decision::Stop(StopReason::Deadline);
         }
-        if let Some(budget) = &self.budget {
+        if let Some(budget) = self.budget.as_ref().filter(|_| charge) {
             if !lock(budget).try_retry(now) {
                 let counters = self.limiter.counters();
                 counters.budget_exhausted.fetch_add(1, Ordering::Relaxed);

@@ -248,6 +248,32 @@ mod budget {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn refusals_do_not_draw_on_the_budget() {
+        let server = FakeServer::new(|i, _| {
+            if i % 2 == 0 {
+                json(429, &[("retry-after", "1")], "{}")
+            } else {
+                status(200)
+            }
+        });
+        let throttle = Throttle::builder()
+            .jitter(false)
+            .retry_budget(Some(RetryBudget {
+                ratio: 0.0,
+                min_per_second: 0,
+                window: Duration::from_secs(10),
+            }))
+            .build()
+            .unwrap();
+        let c = server.client(&throttle);
+        for _ in 0..5 {
+            let r = c.get(URL).send().await.unwrap();
+            assert_eq!((r.status().as_u16(), info(&r).attempts), (200, 2));
+        }
+        assert_eq!(throttle.stats().budget_exhausted, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn without_a_budget_only_max_retries_bounds() {
         let server = FakeServer::new(|_, _| json(503, &[], "{}"));
         let throttle = Throttle::builder()

@@ -1,14 +1,19 @@
-//! A retry budget shared by every caller: retries may add at most a set share of load.
+//! A retry budget shared by every caller: retries of failures may add at most a set share of
+//! load.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How many retries a throttle may make, relative to its requests (after Finagle's
-/// `RetryBudget`): over the last `window`, retries may number at most
+/// How many retries of failures a throttle may make, relative to its requests (after
+/// Finagle's `RetryBudget`): over the last `window`, retries may number at most
 /// `ratio × requests + min_per_second × window (in seconds)`. The floor lets a quiet client
 /// still retry; the ratio keeps a busy one from multiplying its load when the server fails.
+///
+/// Only retries of requests that may have run (5xx answers, broken connections) draw on it.
+/// Retries of refusals (429, 409 `idempotency_in_progress`) do not: the request never ran, and
+/// the server's own wait, the shared cooldown and `max_retries` bound them.
 ///
 /// # Default
 /// `ratio` 0.2 (20 % extra load), `min_per_second` 10, `window` 10 s.

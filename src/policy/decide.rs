@@ -226,9 +226,17 @@ impl RetryPolicy {
 
     /// The wait after a 429, which the server sends before doing anything, so it is always safe
     /// to resend.
+    ///
+    /// A request refused again waits at least the backoff of its previous retry (1 s, 2 s, …)
+    /// on top of the server's wait, so that a server that keeps saying "soon" (a reset a few
+    /// milliseconds away) cannot use up the retries in a moment.
     fn rate_limited(&self, facts: &RequestFacts, hints: &Hints, rng: &mut impl Rng) -> Wait {
+        let floor = match facts.retries {
+            0 => Duration::ZERO,
+            n => self.backoff.delay(n - 1),
+        };
         let server_wait = |d: Duration, rng: &mut _| Wait {
-            after: self.jitter.add(d, rng),
+            after: self.jitter.add(d.max(floor), rng),
             asked: Some(d),
             may_have_run: false,
         };
@@ -464,6 +472,25 @@ mod tests {
             ..policy(Jitter::Off)
         };
         assert_eq!(decide_with(&p, &facts(6), 429, &h, &[]), retry(60));
+    }
+
+    #[test]
+    fn a_429_refused_again_waits_at_least_the_previous_backoff() {
+        let p = policy(Jitter::Off);
+        let soon = Hints {
+            retry_after: Some(Duration::from_millis(20)),
+            ..hints(Some(LimitKind::Requests), None, None)
+        };
+        let waits: Vec<_> = (0..4)
+            .map(|r| decide_with(&p, &facts(r), 429, &soon, &[]))
+            .collect();
+        let ms = |ms| Decision::Retry {
+            after: Duration::from_millis(ms),
+        };
+        assert_eq!(waits, vec![ms(20), ms(1000), ms(2000), ms(4000)]);
+        // A longer server wait stands as it is.
+        let h = hints(None, Some(30), None);
+        assert_eq!(decide_with(&p, &facts(2), 429, &h, &[]), retry(30));
     }
 
     #[test]
