@@ -67,10 +67,10 @@ fn join(
 /// content length as they were. A body already at its end releases the permit now.
 pub(crate) fn hold_until_body_ends(
     response: reqwest::Response,
-    permit: InFlight,
+    permit: Option<InFlight>,
 ) -> reqwest::Response {
     let (parts, inner, url) = split(response);
-    let permit = (!inner.is_end_stream()).then_some(permit);
+    let permit = permit.filter(|_| !inner.is_end_stream());
     join(
         parts,
         reqwest::Body::wrap(PermitBody { inner, permit }),

@@ -187,6 +187,10 @@ impl Limiter {
                 capacity,
             }));
         }
+        // A deadline already passed admits nothing (the timeout below would poll once first).
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            return Err(Refused::Deadline);
+        }
         let admission = self.admit_inner(cost, deadline);
         match deadline {
             Some(d) => tokio::time::timeout_at(d, admission)

@@ -16,7 +16,7 @@ use crate::body::{hold_until_body_ends, read_error_body};
 use crate::error::ThrottleError;
 use crate::extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
 use crate::headers::{self, ErrorBody, Hints};
-use crate::limiter::Refused;
+use crate::limiter::{InFlight, Refused};
 use crate::policy::{
     cooldown, has_idempotency_key, may_resend_after_failure, Decision, Outcome, RequestFacts,
     StopReason,
@@ -34,8 +34,10 @@ impl Middleware for Throttle {
     /// the request itself. A server's answer is always returned as `Ok`.
     ///
     /// # Cancel safety
-    /// Dropping the future at any point releases the in-flight permit; a quota is charged only
-    /// for an attempt that was handed to the next layer to send.
+    /// Dropping the future at any point releases the in-flight permit. A sliding window is
+    /// charged only for an attempt handed to the next layer to send; with several token
+    /// buckets, cells already taken by a dropped request go to the next request of the same
+    /// cost, or are lost (which only slows admission, never exceeds a quota).
     async fn handle(
         &self,
         req: Request,
@@ -95,7 +97,8 @@ impl Inner {
         let deadline = extensions
             .get::<Deadline>()
             .map(|d| d.0)
-            .or_else(|| self.deadline.map(|d| started + d));
+            // A deadline too far to represent is no deadline.
+            .or_else(|| self.deadline.and_then(|d| started.checked_add(d)));
         if let Some(name) = &self.key_header {
             ensure_idempotency_key(&mut req, name);
         }
@@ -107,6 +110,9 @@ impl Inner {
         let counters = self.limiter.counters();
         let mut waited = Duration::ZERO;
         let mut retries = 0;
+        // With a deadline, the previous answer is kept through the retry wait: if the deadline
+        // then stops the next attempt, that answer is returned rather than lost.
+        let mut last: Option<(Response, Hints)> = None;
         loop {
             let spare = if retry_allowed && retries < self.policy.max_retries {
                 req.try_clone()
@@ -119,11 +125,11 @@ impl Inner {
             let permit = match admitted {
                 Ok(permit) => permit,
                 Err(Refused::Cost(e)) => return Err(Error::middleware(e)),
-                Err(Refused::Deadline) => return Err(deadline_passed(retries, waited)),
+                Err(Refused::Deadline) => return deadline_reached(last, retries, waited),
             };
             let result = match send(next.clone(), req, extensions, deadline).await {
                 Ok(result) => result,
-                Err(DeadlinePassed) => return Err(deadline_passed(retries + 1, waited)),
+                Err(DeadlinePassed) => return deadline_reached(last, retries + 1, waited),
             };
             let facts = RequestFacts {
                 retries,
@@ -150,23 +156,23 @@ impl Inner {
                         tracing::debug!(attempts = retries + 1, ?reason, "not retried");
                     }
                     let (response, hints) = response?;
-                    let mut response = hold_until_body_ends(response, permit);
-                    response.extensions_mut().insert(ThrottleInfo {
+                    let stopped = match decision {
+                        Decision::Stop(reason) => Some(reason),
+                        Decision::Accept | Decision::Retry { .. } => None,
+                    };
+                    let info = ThrottleInfo {
                         attempts: retries + 1,
                         waited,
                         hints,
-                        stopped: match decision {
-                            Decision::Stop(reason) => Some(reason),
-                            Decision::Accept | Decision::Retry { .. } => None,
-                        },
-                    });
-                    return Ok(response);
+                        stopped,
+                    };
+                    return Ok(finish(response, Some(permit), info));
                 }
             };
             tracing::debug!(attempt = retries + 1, wait = ?after, "retrying");
-            // The permit (and any response body) is released before the wait.
+            // The permit is released before the wait (and the answer too, without a deadline).
             drop(permit);
-            drop(response);
+            last = response.ok().filter(|_| deadline.is_some());
             tokio::time::sleep(after).await;
             waited += after;
             retries += 1;
@@ -195,10 +201,6 @@ impl Inner {
             let counters = self.limiter.counters();
             counters.responses_429.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait) {
-            tracing::debug!(status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
-            self.limiter.close_until(Instant::now() + d);
-        }
         let codes: Vec<&str> = error_body.iter().flat_map(ErrorBody::codes).collect();
         let outcome = Outcome::Response {
             status,
@@ -206,6 +208,14 @@ impl Inner {
             codes: &codes,
         };
         let decision = self.decide(facts, outcome);
+        // A final answer (a used-up quota, a refused entitlement) is no reason to hold back
+        // the other callers: waiting does not change it.
+        let is_final = matches!(decision, Decision::Stop(StopReason::Final { .. }));
+        if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait).filter(|_| !is_final)
+        {
+            tracing::debug!(status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
+            self.limiter.close_until(Instant::now() + d);
+        }
         (decision, Ok((response, hints)))
     }
 
@@ -217,7 +227,7 @@ impl Inner {
     /// budget rules it out.
     fn bound_retry(&self, after: Duration, deadline: Option<Instant>, charge: bool) -> Decision {
         let now = Instant::now();
-        if deadline.is_some_and(|d| now + after > d) {
+        if deadline.is_some_and(|d| now.checked_add(after).is_none_or(|end| end > d)) {
             return Decision::Stop(StopReason::Deadline);
         }
         if let Some(budget) = self.budget.as_ref().filter(|_| charge) {
@@ -237,6 +247,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Returns `response` with its report, its body holding `permit` (if any) until it ends.
+fn finish(response: Response, permit: Option<InFlight>, info: ThrottleInfo) -> Response {
+    let mut response = hold_until_body_ends(response, permit);
+    response.extensions_mut().insert(info);
+    response
+}
+
+/// The deadline stopped the next attempt: the previous answer if there is one (nothing is
+/// lost), else the error.
+fn deadline_reached(
+    last: Option<(Response, Hints)>,
+    attempts: u32,
+    waited: Duration,
+) -> Result<Response> {
+    match last {
+        Some((response, hints)) => {
+            let info = ThrottleInfo {
+                attempts,
+                waited,
+                hints,
+                stopped: Some(StopReason::Deadline),
+            };
+            Ok(finish(response, None, info))
+        }
+        None => Err(deadline_passed(attempts, waited)),
+    }
+}
+
 /// The deadline passed while an attempt was in progress.
 struct DeadlinePassed;
 
@@ -248,6 +286,9 @@ async fn send(
     extensions: &mut Extensions,
     deadline: Option<Instant>,
 ) -> std::result::Result<Result<(Response, Option<ErrorBody>)>, DeadlinePassed> {
+    if deadline.is_some_and(|d| d <= Instant::now()) {
+        return Err(DeadlinePassed);
+    }
     let attempt = async {
         match next.run(req, extensions).await {
             Ok(response) => Ok(read_error_body(response).await),

@@ -120,7 +120,9 @@ impl Throttle {
     /// [`ThrottleError::CostExceedsQuota`] at once when `cost` is more than a quota can admit.
     ///
     /// # Cancel safety
-    /// Cancel safe: a dropped call holds nothing and has charged no quota.
+    /// A dropped call holds nothing and has charged no sliding window. With several token
+    /// buckets, cells it already took go to the next caller of the same cost, or are lost
+    /// (which only slows admission, never exceeds a quota).
     pub async fn acquire(&self, cost: u32) -> Result<Permit, ThrottleError> {
         match self.inner.limiter.admit(cost, None).await {
             Ok(p) => Ok(Permit { _in_flight: p }),

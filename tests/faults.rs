@@ -503,13 +503,14 @@ async fn an_absurd_window_reset_returns_at_once_and_bounds_the_cooldown() {
 #[tokio::test(start_paused = true)]
 async fn retry_after_zero_forever_is_bounded_by_max_retries() {
     // A window or untyped 429 refused again waits at least the previous backoff step
-    // (0, then 1 s, 2 s, 4 s); a parallel-limit 429 is capped by its zero Retry-After.
+    // (0, then 1 s, 2 s, 4 s); a parallel-limit 429 backs off from 1 s (1, 2, 4, 8 s), its
+    // zero Retry-After capping nothing.
     let cases: &[(Lines, Duration)] = &[
         (&[("retry-after", b"0")], 7 * S),
         (&[("retry-after", b"0"), ("rate_limit_type", b"rpm")], 7 * S),
         (
             &[("retry-after-ms", b"0"), ("rate_limit_type", b"concurrent")],
-            Duration::ZERO,
+            15 * S,
         ),
     ];
     for &(headers, waited) in cases {

@@ -134,6 +134,80 @@ mod deadlines {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_answer_already_received_is_returned_when_the_deadline_stops_its_retry() {
+        // The retry wait (1 s) fits in the deadline, but the window is then full until 10 s.
+        let server = FakeServer::new(|_, _| json(429, &[("retry-after", "1")], "{}"));
+        let throttle = Throttle::builder()
+            .sliding_window(2, Duration::from_secs(10))
+            .window_guard(Duration::ZERO)
+            .deadline(Duration::from_secs(5))
+            .jitter(false)
+            .build()
+            .unwrap();
+        let r = server.client(&throttle).get(URL).send().await.unwrap();
+        assert_eq!(r.status(), 429);
+        let i = info(&r);
+        assert_eq!((i.attempts, i.stopped), (2, Some(StopReason::Deadline)));
+        assert_eq!(server.seen().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_already_passed_sends_nothing() {
+        let server = FakeServer::ok();
+        let throttle = Throttle::builder()
+            .sliding_window(5, Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let err = server
+            .client(&throttle)
+            .get(URL)
+            .with_extension(Deadline(Instant::now()))
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            deadline_error(err),
+            ThrottleError::DeadlineExceeded {
+                attempts: 0,
+                waited: Duration::ZERO
+            }
+        );
+        assert_eq!(server.seen().len(), 0);
+        assert_eq!(throttle.stats().sent, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn durations_too_large_for_the_clock_do_not_panic() {
+        let server = FakeServer::ok();
+        let throttle = Throttle::builder()
+            .deadline(Duration::MAX)
+            .sliding_window(1, Duration::MAX)
+            .window_guard(Duration::MAX)
+            .backoff(Duration::from_secs(1), Duration::MAX)
+            .build()
+            .unwrap();
+        let c = server.client(&throttle);
+        let r = c
+            .get(URL)
+            .with_extension(Deadline::after(Duration::MAX))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        // The window is now full for 100 years: an hour's deadline refuses at once.
+        let err = c
+            .get(URL)
+            .with_extension(Deadline::after(Duration::from_secs(3600)))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            deadline_error(err),
+            ThrottleError::DeadlineExceeded { attempts: 0, .. }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_quota_that_opens_after_the_deadline_fails_at_once() {
         let server = FakeServer::ok();
         let throttle = Throttle::builder()

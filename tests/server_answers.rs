@@ -68,6 +68,30 @@ async fn a_used_up_quota_is_final() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_final_429_does_not_hold_back_other_callers() {
+    let body = r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let server = FakeServer::new(move |i, _| {
+        if i == 0 {
+            json(
+                429,
+                &[
+                    ("rate_limit_type", "tokens_per_minute"),
+                    ("retry-after", "60"),
+                ],
+                body,
+            )
+        } else {
+            status(200)
+        }
+    });
+    let c = server.client(&throttle());
+    let r = c.post(URL).body("{}").send().await.unwrap();
+    assert_eq!(info(&r).stopped, final_reason(429, "insufficient_quota"));
+    let other = c.get(URL).send().await.unwrap();
+    assert_eq!(info(&other).waited, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
 async fn idempotency_conflicts_are_final() {
     for code in ["idempotency_key_reused", "run_already_started"] {
         let body = format!(r#"{{"type":"/errors/{code}","status":409}}"#);

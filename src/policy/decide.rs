@@ -246,7 +246,9 @@ impl RetryPolicy {
             // doubling, capped at `Retry-After`, jitter inside the cap.
             Some(LimitKind::Concurrency) => {
                 let d = self.backoff.delay(facts.retries);
-                let d = hints.retry_after.map_or(d, |cap| d.min(cap));
+                // A zero `Retry-After` caps nothing: it would spend every retry at once.
+                let cap = hints.retry_after.filter(|cap| !cap.is_zero());
+                let d = cap.map_or(d, |cap| d.min(cap));
                 Wait {
                     after: self.jitter.spread(d, rng),
                     asked: None,
@@ -397,6 +399,16 @@ mod tests {
             waits,
             vec![retry(1), retry(2), retry(4), retry(5), retry(5)]
         );
+    }
+
+    #[test]
+    fn a_zero_retry_after_does_not_cap_a_parallel_backoff() {
+        let h = hints(Some(LimitKind::Concurrency), Some(0), None);
+        let p = policy(Jitter::Off);
+        let waits: Vec<_> = (0..3)
+            .map(|r| decide_with(&p, &facts(r), 429, &h, &[]))
+            .collect();
+        assert_eq!(waits, vec![retry(1), retry(2), retry(4)]);
     }
 
     #[test]
