@@ -19,6 +19,15 @@ use tokio::time::Instant;
 
 const S: Duration = Duration::from_secs(1);
 
+/// A throttle with an in-flight cap of `n` and no jitter, so waits are exact.
+fn capped(n: usize) -> Throttle {
+    Throttle::builder()
+        .max_in_flight(n)
+        .jitter(false)
+        .build()
+        .unwrap()
+}
+
 fn client(throttle: &Throttle) -> ClientWithMiddleware {
     let plain = reqwest::Client::builder()
         .no_proxy()
@@ -262,11 +271,7 @@ async fn garbage_instead_of_http_is_resent_only_when_safe() {
         }
     })
     .await;
-    let throttle = Throttle::builder()
-        .max_in_flight(1)
-        .jitter(false)
-        .build()
-        .unwrap();
+    let throttle = capped(1);
     let c = client(&throttle);
     let r = c.get(server.url("/once")).send().await.unwrap();
     assert_eq!((r.status().as_u16(), info(&r).attempts), (200, 2));
@@ -303,11 +308,7 @@ async fn a_429_whose_large_body_is_cut_is_retried_on_its_headers() {
         }
     })
     .await;
-    let throttle = Throttle::builder()
-        .max_in_flight(1)
-        .jitter(false)
-        .build()
-        .unwrap();
+    let throttle = capped(1);
     let r = client(&throttle)
         .post(server.url("/x"))
         .body("{}")
@@ -714,11 +715,7 @@ async fn a_caller_dropped_while_waiting_on_the_cooldown_leaks_nothing() {
         }
     })
     .await;
-    let throttle = Throttle::builder()
-        .max_in_flight(2)
-        .jitter(false)
-        .build()
-        .unwrap();
+    let throttle = capped(2);
     let c = client(&throttle);
     let limited = tokio::spawn({
         let (c, url) = (c.clone(), server.url("/limited"));
@@ -971,11 +968,7 @@ async fn cut_429_then_ok() -> RawServer {
 async fn a_429_whose_error_body_is_cut_is_still_a_429() {
     for method in [http::Method::GET, http::Method::POST] {
         let server = cut_429_then_ok().await;
-        let throttle = Throttle::builder()
-            .max_in_flight(1)
-            .jitter(false)
-            .build()
-            .unwrap();
+        let throttle = capped(1);
         let r = client(&throttle)
             .request(method.clone(), server.url("/x"))
             .body("{}")
