@@ -4,7 +4,8 @@
 //! FIFO: tokio's semaphore and mutex queue their waiters in order.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
@@ -32,12 +33,29 @@ pub(crate) enum Refused {
     Deadline,
 }
 
+impl Refused {
+    /// The error a caller gets, after `attempts` attempts and `waited` in the throttle.
+    pub(crate) fn into_error(self, attempts: u32, waited: Duration) -> ThrottleError {
+        match self {
+            Refused::Cost(e) => e,
+            Refused::Deadline => ThrottleError::DeadlineExceeded { attempts, waited },
+        }
+    }
+}
+
+/// Locks `m`, going on with the data of a holder that panicked (the data stays consistent:
+/// every critical section in this crate is a single update).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Admission state of one throttle.
 #[derive(Debug)]
 pub(crate) struct Limiter {
     /// Closed until this instant for every caller (the shared cooldown).
     cooldown_until: Mutex<Option<Instant>>,
-    in_flight: Option<Arc<Semaphore>>,
+    /// The in-flight cap and its semaphore.
+    in_flight: Option<(usize, Arc<Semaphore>)>,
     /// `None` when no quota is configured, so that path takes no lock.
     quotas: Option<tokio::sync::Mutex<Quotas>>,
     capacity: Option<u32>,
@@ -113,7 +131,7 @@ impl Limiter {
         let capacity = quotas.capacity();
         Self {
             cooldown_until: Mutex::new(None),
-            in_flight: max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+            in_flight: max_in_flight.map(|n| (n, Arc::new(Semaphore::new(n)))),
             quotas: (!quotas.is_empty()).then(|| tokio::sync::Mutex::new(quotas)),
             capacity,
             counters: Arc::new(Counters::default()),
@@ -126,15 +144,17 @@ impl Limiter {
 
     /// Permits free now, or `None` with no in-flight cap.
     pub(crate) fn available_permits(&self) -> Option<usize> {
-        self.in_flight.as_ref().map(|s| s.available_permits())
+        self.in_flight.as_ref().map(|(_, s)| s.available_permits())
+    }
+
+    /// The in-flight cap, or `None` without one.
+    pub(crate) fn max_in_flight(&self) -> Option<usize> {
+        self.in_flight.as_ref().map(|&(n, _)| n)
     }
 
     /// Closes the shared cooldown until `until` (never shortens one already closed longer).
     pub(crate) fn close_until(&self, until: Instant) {
-        let mut gate = self
-            .cooldown_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut gate = lock(&self.cooldown_until);
         if gate.is_none_or(|g| g < until) {
             *gate = Some(until);
         }
@@ -142,10 +162,7 @@ impl Limiter {
 
     /// The instant the cooldown opens, if it is closed at `now`.
     fn closed_until(&self, now: Instant) -> Option<Instant> {
-        let gate = self
-            .cooldown_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let gate = lock(&self.cooldown_until);
         gate.filter(|&g| g > now)
     }
 
@@ -205,7 +222,7 @@ impl Limiter {
         self.pass_cooldown(deadline).await?;
         let permit = match &self.in_flight {
             // The semaphore is never closed.
-            Some(s) => s.clone().acquire_owned().await.ok(),
+            Some((_, s)) => s.clone().acquire_owned().await.ok(),
             None => None,
         };
         match &self.quotas {

@@ -4,7 +4,6 @@
 //! [`policy`](crate::policy), hint parsing in [`headers`](crate::headers).
 
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use http::{Extensions, StatusCode};
@@ -13,10 +12,9 @@ use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
 use crate::body::{hold_until_body_ends, read_error_body};
-use crate::error::ThrottleError;
 use crate::extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
 use crate::headers::{self, ErrorBody, Hints};
-use crate::limiter::{InFlight, Refused};
+use crate::limiter::{lock, InFlight, Refused};
 use crate::policy::{
     cooldown, has_idempotency_key, may_resend_after_failure, Decision, Outcome, RequestFacts,
     StopReason,
@@ -124,8 +122,8 @@ impl Inner {
             waited += queued_at.elapsed();
             let permit = match admitted {
                 Ok(permit) => permit,
-                Err(Refused::Cost(e)) => return Err(Error::middleware(e)),
                 Err(Refused::Deadline) => return deadline_reached(last, retries, waited),
+                Err(refused) => return Err(Error::middleware(refused.into_error(retries, waited))),
             };
             let result = match send(next.clone(), req, extensions, deadline).await {
                 Ok(result) => result,
@@ -139,18 +137,14 @@ impl Inner {
             };
             let (decision, response) = self.judge(&facts, result);
             let decision = match decision {
-                Decision::Retry { after } => {
-                    // A refusal (429, 409 in progress) never ran: only failures draw on the
-                    // retry budget.
-                    let refused = response
-                        .as_ref()
-                        .is_ok_and(|(r, _)| matches!(r.status().as_u16(), 409 | 429));
-                    self.bound_retry(after, deadline, !refused)
-                }
+                Decision::Retry {
+                    after,
+                    may_have_run,
+                } => self.bound_retry(after, may_have_run, deadline),
                 other => other,
             };
             let (after, spare) = match (decision, spare) {
-                (Decision::Retry { after }, Some(spare)) => (after, spare),
+                (Decision::Retry { after, .. }, Some(spare)) => (after, spare),
                 (decision, _) => {
                     if let Decision::Stop(reason) = &decision {
                         tracing::debug!(attempts = retries + 1, ?reason, "not retried");
@@ -223,28 +217,30 @@ impl Inner {
         self.policy.decide(facts, outcome, &mut *lock(&self.rng))
     }
 
-    /// A retry the policy chose, unless the deadline or (for a failure, `charge`) the retry
-    /// budget rules it out.
-    fn bound_retry(&self, after: Duration, deadline: Option<Instant>, charge: bool) -> Decision {
+    /// A retry the policy chose, unless the deadline or (for an attempt that may have run,
+    /// a failure) the retry budget rules it out.
+    fn bound_retry(
+        &self,
+        after: Duration,
+        may_have_run: bool,
+        deadline: Option<Instant>,
+    ) -> Decision {
         let now = Instant::now();
         if deadline.is_some_and(|d| now.checked_add(after).is_none_or(|end| end > d)) {
             return Decision::Stop(StopReason::Deadline);
         }
-        if let Some(budget) = self.budget.as_ref().filter(|_| charge) {
+        if let Some(budget) = self.budget.as_ref().filter(|_| may_have_run) {
             if !lock(budget).try_retry(now) {
                 let counters = self.limiter.counters();
                 counters.budget_exhausted.fetch_add(1, Ordering::Relaxed);
                 return Decision::Stop(StopReason::RetryBudgetExhausted);
             }
         }
-        Decision::Retry { after }
+        Decision::Retry {
+            after,
+            may_have_run,
+        }
     }
-}
-
-/// Locks `m`, going on with the data of a holder that panicked (the data stays consistent:
-/// every critical section here is a single update).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Returns `response` with its report, its body holding `permit` (if any) until it ends.
@@ -271,7 +267,9 @@ fn deadline_reached(
             };
             Ok(finish(response, None, info))
         }
-        None => Err(deadline_passed(attempts, waited)),
+        None => Err(Error::middleware(
+            Refused::Deadline.into_error(attempts, waited),
+        )),
     }
 }
 
@@ -301,8 +299,4 @@ async fn send(
             .map_err(|_| DeadlinePassed),
         None => Ok(attempt.await),
     }
-}
-
-fn deadline_passed(attempts: u32, waited: Duration) -> Error {
-    Error::middleware(ThrottleError::DeadlineExceeded { attempts, waited })
 }

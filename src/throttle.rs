@@ -32,7 +32,6 @@ pub(crate) struct Inner {
     pub(crate) policy: RetryPolicy,
     pub(crate) rng: Mutex<SmallRng>,
     pub(crate) key_header: Option<HeaderName>,
-    pub(crate) max_in_flight: Option<usize>,
     pub(crate) deadline: Option<Duration>,
     pub(crate) budget: Option<Mutex<BudgetLedger>>,
 }
@@ -90,7 +89,6 @@ impl Throttle {
                 policy,
                 rng: Mutex::new(rng),
                 key_header,
-                max_in_flight,
                 deadline,
                 budget: budget.map(|b| Mutex::new(BudgetLedger::new(b, Instant::now()))),
             }),
@@ -124,15 +122,9 @@ impl Throttle {
     /// buckets, cells it already took go to the next caller of the same cost, or are lost
     /// (which only slows admission, never exceeds a quota).
     pub async fn acquire(&self, cost: u32) -> Result<Permit, ThrottleError> {
-        match self.inner.limiter.admit(cost, None).await {
-            Ok(p) => Ok(Permit { _in_flight: p }),
-            Err(Refused::Cost(e)) => Err(e),
-            // Not reached without a deadline; reported as such if it ever is.
-            Err(Refused::Deadline) => Err(ThrottleError::DeadlineExceeded {
-                attempts: 0,
-                waited: Duration::ZERO,
-            }),
-        }
+        let admitted = self.inner.limiter.admit(cost, None).await;
+        let refused = |r: Refused| r.into_error(0, Duration::ZERO);
+        admitted.map(|p| Permit { _in_flight: p }).map_err(refused)
     }
 
     /// The retry policy this throttle applies.
@@ -144,7 +136,7 @@ impl Throttle {
 impl fmt::Debug for Throttle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Throttle")
-            .field("max_in_flight", &self.inner.max_in_flight)
+            .field("max_in_flight", &self.inner.limiter.max_in_flight())
             .field("policy", &self.inner.policy)
             .field("stats", &self.stats())
             .finish_non_exhaustive()

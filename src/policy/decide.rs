@@ -81,6 +81,10 @@ pub enum Decision {
     Retry {
         /// The wait before the next attempt, jitter included.
         after: Duration,
+        /// Whether the attempt may have run on the server (a 5xx, a broken connection): a
+        /// failure, whose retry draws on the retry budget. `false` for a refusal (429, 409 in
+        /// progress), which never ran.
+        may_have_run: bool,
     },
     /// The answer asked for a retry, or was a recognised final refusal, and it is returned:
     /// the reason says why it was not retried.
@@ -156,7 +160,10 @@ impl RetryPolicy {
         };
         match stop {
             Some(reason) => Decision::Stop(reason),
-            None => Decision::Retry { after: wait.after },
+            None => Decision::Retry {
+                after: wait.after,
+                may_have_run: wait.may_have_run,
+            },
         }
     }
 
@@ -366,6 +373,15 @@ mod tests {
     fn retry(secs: u64) -> Decision {
         Decision::Retry {
             after: Duration::from_secs(secs),
+            may_have_run: false,
+        }
+    }
+
+    /// A retry of a failure (the request may have run).
+    fn retry_failed(secs: u64) -> Decision {
+        Decision::Retry {
+            after: Duration::from_secs(secs),
+            may_have_run: true,
         }
     }
 
@@ -425,7 +441,7 @@ mod tests {
                 },
                 &mut SmallRng::seed_from_u64(seed),
             );
-            let Decision::Retry { after } = d else {
+            let Decision::Retry { after, .. } = d else {
                 panic!("expected a retry, got {d:?}")
             };
             assert!(after <= 3 * S && after >= 3 * S / 2, "{after:?}");
@@ -446,7 +462,7 @@ mod tests {
                 },
                 &mut SmallRng::seed_from_u64(seed),
             );
-            let Decision::Retry { after } = d else {
+            let Decision::Retry { after, .. } = d else {
                 panic!("expected a retry, got {d:?}")
             };
             assert!(after >= 12 * S && after <= 13 * S, "{after:?}");
@@ -498,6 +514,7 @@ mod tests {
             .collect();
         let ms = |ms| Decision::Retry {
             after: Duration::from_millis(ms),
+            may_have_run: false,
         };
         assert_eq!(waits, vec![ms(20), ms(1000), ms(2000), ms(4000)]);
         // A longer server wait stands as it is.
@@ -527,7 +544,7 @@ mod tests {
             };
             assert_eq!(
                 decide_with(&p, &safe, status, &h, &[]),
-                retry(3),
+                retry_failed(3),
                 "{status}"
             );
             assert_eq!(
@@ -538,7 +555,7 @@ mod tests {
                     &Hints::default(),
                     &[]
                 ),
-                retry(4),
+                retry_failed(4),
                 "{status}"
             );
         }
@@ -628,7 +645,7 @@ mod tests {
             resend_safe: true,
             ..facts(1)
         };
-        assert_eq!(p.decide(&safe, transient, rng), retry(2));
+        assert_eq!(p.decide(&safe, transient, rng), retry_failed(2));
         assert_eq!(p.decide(&safe, permanent, rng), Decision::Accept);
     }
 
