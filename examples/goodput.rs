@@ -40,7 +40,8 @@ use reqwest_throttle::testing::{Gateway, GatewayConfig};
 use reqwest_throttle::{Throttle, ThrottleBuilder};
 use tokio::sync::Semaphore;
 use upstream::{
-    Upstream, NGINX_BURST, NGINX_PARALLEL, NGINX_RATE_PER_S, NGINX_UPSTREAM, NGINX_URL,
+    fresh_key, nginx_is_up, Upstream, NGINX_BURST, NGINX_PARALLEL, NGINX_RATE_PER_S,
+    NGINX_UPSTREAM, NGINX_URL,
 };
 
 const USAGE: &str = "usage: goodput [--json] [--target gateway|nginx|both] [-n REQUESTS] \
@@ -229,16 +230,6 @@ impl Run {
     }
 }
 
-fn fresh_key(target: &str, client: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "Bearer goodput-{target}-{client}-{}-{nanos}",
-        std::process::id()
-    )
-}
-
 async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args) -> Run {
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -278,7 +269,7 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
         other => unreachable!("client {other}"),
     };
     server.counts.reset();
-    let key = Arc::new(fresh_key(server.name, client_name));
+    let key = Arc::new(fresh_key(&format!("goodput-{}-{client_name}", server.name)));
     let next = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
     let n = args.requests;
@@ -496,17 +487,6 @@ async fn run_target(server: &Server<'_>, args: &Args, runs: &mut Vec<Run>) {
     }
 }
 
-async fn nginx_is_up() -> bool {
-    let http = reqwest::Client::builder().no_proxy().build();
-    let Ok(http) = http else { return false };
-    let health = http
-        .get(format!("{NGINX_URL}/health"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await;
-    matches!(health, Ok(r) if r.status() == 200)
-}
-
 #[tokio::main]
 async fn main() {
     let args = match parse_args() {
@@ -525,7 +505,11 @@ async fn main() {
         let _ = gateway.shutdown().await;
     }
     if args.nginx {
-        if !nginx_is_up().await {
+        let up = match reqwest::Client::builder().no_proxy().build() {
+            Ok(http) => nginx_is_up(&http).await,
+            Err(_) => false,
+        };
+        if !up {
             eprintln!(
                 "nginx: skipped, nothing answers on {NGINX_URL} (run benches/nginx/start.sh)"
             );

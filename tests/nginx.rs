@@ -12,13 +12,13 @@ mod upstream;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use governor::Quota;
 use reqwest_middleware::ClientBuilder;
 use reqwest_throttle::Throttle;
 use upstream::{
-    Upstream, NGINX_BURST, NGINX_PARALLEL, NGINX_RATE_PER_S, NGINX_UPSTREAM, NGINX_URL,
+    fresh_key, nginx_is_up, Upstream, NGINX_BURST, NGINX_PARALLEL, NGINX_RATE_PER_S,
+    NGINX_UPSTREAM, NGINX_URL,
 };
 
 const REQUESTS: usize = 300;
@@ -30,24 +30,6 @@ const CALLERS: usize = 40;
 fn nginx_quota() -> Quota {
     Quota::per_second(NonZeroU32::new(NGINX_RATE_PER_S).unwrap())
         .allow_burst(NonZeroU32::new(NGINX_BURST).unwrap())
-}
-
-/// A key nginx has not counted yet: its zones are keyed by `Authorization`.
-fn fresh_key(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("Bearer {name}-{}-{nanos}", std::process::id())
-}
-
-async fn nginx_is_up(http: &reqwest::Client) -> bool {
-    let health = http
-        .get(format!("{NGINX_URL}/health"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await;
-    matches!(health, Ok(r) if r.status() == 200)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,6 +41,25 @@ pub const NGINX_BURST: u32 = 20;
 /// See [`NGINX_RATE_PER_S`].
 pub const NGINX_PARALLEL: u32 = 10;
 
+/// A key nginx has not counted yet (its zones are keyed by `Authorization`): `label`, this
+/// process and the time.
+pub fn fresh_key(label: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("Bearer {label}-{}-{nanos}", std::process::id())
+}
+
+/// Whether nginx answers its health route within 2 s.
+pub async fn nginx_is_up(http: &reqwest::Client) -> bool {
+    let health = http
+        .get(format!("{NGINX_URL}/health"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    matches!(health, Ok(r) if r.status() == 200)
+}
+
 /// The wait of `/slow`.
 pub const SERVICE_TIME: Duration = Duration::from_millis(50);
 /// Chunks of a `/stream` body.
