@@ -351,13 +351,11 @@ fn busy_s(n: usize, chat: Duration, stream: Duration) -> (f64, f64) {
 
 fn gateway_server(gateway: &Gateway, n_req: usize) -> Server<'_> {
     let g = gateway.config().clone();
-    let stream = g.stream_chunk_interval * g.stream_chunks;
     let limit = g.requests_per_window;
     let throttle = Throttle::builder()
         .sliding_window(limit, g.window)
         .max_in_flight(g.max_parallel as usize);
-    let (busy, last) = busy_s(n_req, g.service_time, stream);
-    let windows = ((n_req - 1) / limit as usize) as f64;
+    let streams = n_req / 5;
     Server {
         name: "gateway",
         base: gateway.url(),
@@ -367,7 +365,9 @@ fn gateway_server(gateway: &Gateway, n_req: usize) -> Server<'_> {
         governor: Quota::with_period(g.window / limit)
             .expect("a non-zero period")
             .allow_burst(NonZeroU32::new(limit).expect("a gateway limit is not zero")),
-        min_s: (windows * g.window.as_secs_f64() + last).max(busy / f64::from(g.max_parallel)),
+        min_s: g
+            .least_time(n_req - streams, streams, n_req % 5 == 0)
+            .as_secs_f64(),
         counts: Counts::Gateway(gateway),
     }
 }

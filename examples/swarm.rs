@@ -323,17 +323,15 @@ async fn show_progress(p: Arc<Progress>, total: usize) {
 /// The fastest the server allows: the window limit (the first `limit` at once, then `limit`
 /// per window) or the parallel cap over the total busy time, whichever is slower.
 fn theoretical_min(args: &Args, gateway: Option<&GatewayConfig>) -> f64 {
-    let n = args.requests.max(1) as f64;
     let windows_to_wait = ((args.requests.max(1) - 1) / args.per_window.max(1) as usize) as f64;
     let Some(g) = gateway else {
         return windows_to_wait * args.window.as_secs_f64();
     };
-    let chat = g.service_time.as_secs_f64();
-    let stream = g.stream_chunk_interval.as_secs_f64() * f64::from(g.stream_chunks);
-    let streams = (args.requests / 5) as f64;
-    let busy = (n - streams) * chat + streams * stream;
-    let last = if args.requests % 5 == 0 { stream } else { chat };
-    (windows_to_wait * g.window.as_secs_f64() + last).max(busy / f64::from(g.max_parallel))
+    // Every fifth request streams (see `Target::url_for`).
+    let streams = args.requests / 5;
+    let last_streamed = args.requests % 5 == 0;
+    g.least_time(args.requests - streams, streams, last_streamed)
+        .as_secs_f64()
 }
 
 fn print(summary: &Summary, args: &Args, json: bool) {

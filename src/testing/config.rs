@@ -122,6 +122,33 @@ impl GatewayConfig {
         self
     }
 
+    /// How long one streamed answer takes: `stream_chunks × stream_chunk_interval`.
+    pub fn stream_time(&self) -> Duration {
+        self.stream_chunk_interval
+            .saturating_mul(self.stream_chunks)
+    }
+
+    /// The least time in which one user can have `chats` plain and `streams` streamed answers
+    /// from this gateway, the last one streamed if `last_streamed`: the window limit (the first
+    /// `requests_per_window` at once, then as many per window, plus the last answer) or the
+    /// parallel cap over the total busy time, whichever is longer. The yardstick for a client's
+    /// wall time.
+    pub fn least_time(&self, chats: usize, streams: usize, last_streamed: bool) -> Duration {
+        let requests = (chats + streams).max(1);
+        let per_window = (self.requests_per_window.max(1)) as usize;
+        let windows = ((requests - 1) / per_window) as u32;
+        let last = if last_streamed {
+            self.stream_time()
+        } else {
+            self.service_time
+        };
+        let by_window = self.window.saturating_mul(windows).saturating_add(last);
+        let busy = self.service_time.as_secs_f64() * chats as f64
+            + self.stream_time().as_secs_f64() * streams as f64;
+        let by_parallel = Duration::from_secs_f64(busy / f64::from(self.max_parallel.max(1)));
+        by_window.max(by_parallel)
+    }
+
     /// The `retry-after` value of a 429: the window length in whole seconds, rounded up.
     pub(crate) fn retry_after_secs(&self) -> u64 {
         let w = self.window;
@@ -170,5 +197,23 @@ mod tests {
     #[should_panic(expected = "time scale factor")]
     fn scaled_limits_reject_zero() {
         let _ = GatewayConfig::seed_limits_scaled(0.0);
+    }
+
+    #[test]
+    fn least_time_is_the_window_or_the_parallel_bound() {
+        let seed = GatewayConfig::seed_limits_scaled(10.0);
+        assert_eq!(seed.stream_time(), Duration::from_millis(100));
+        // 600 requests at 120 per 6 s: the last goes at 24 s, and it streams (100 ms).
+        assert_eq!(
+            seed.least_time(480, 120, true),
+            Duration::from_millis(24_100)
+        );
+        assert_eq!(
+            seed.least_time(480, 120, false),
+            Duration::from_millis(24_050)
+        );
+        // A window that never binds: 40 answers of 50 ms, 20 at a time.
+        let wide = seed.with_requests_per_window(1_000);
+        assert_eq!(wide.least_time(40, 0, false), Duration::from_millis(100));
     }
 }
