@@ -89,12 +89,13 @@ pub(crate) const ERROR_BODY_WAIT: Duration = Duration::from_secs(2);
 
 /// Reads the body of an error answer that may carry a decisive code (403, 409, 429) when its
 /// `Content-Length` is at most [`MAX_ERROR_BODY`](crate::headers::MAX_ERROR_BODY), for at most
-/// [`ERROR_BODY_WAIT`], and returns the response rebuilt around the same bytes with the parsed
-/// body. A body that breaks off or stalls is not parsed: the response keeps the bytes read so
+/// [`ERROR_BODY_WAIT`] and never past `deadline`, and returns the response rebuilt around the
+/// same bytes with the parsed body. A body that breaks off or stalls is not parsed: the response keeps the bytes read so
 /// far, then the rest of the stream (or its error), so the caller sees what it would have seen
 /// without the throttle. Other responses pass unread.
 pub(crate) async fn read_error_body(
     response: reqwest::Response,
+    deadline: Option<tokio::time::Instant>,
 ) -> (reqwest::Response, Option<ErrorBody>) {
     let small = response
         .content_length()
@@ -103,8 +104,11 @@ pub(crate) async fn read_error_body(
         return (response, None);
     }
     let (parts, mut rest, url) = split(response);
+    let total = rest.size_hint();
     let mut read = BytesMut::new();
-    let outcome = tokio::time::timeout(ERROR_BODY_WAIT, async {
+    let until = tokio::time::Instant::now() + ERROR_BODY_WAIT;
+    let until = deadline.map_or(until, |d| d.min(until));
+    let outcome = tokio::time::timeout_at(until, async {
         loop {
             match std::future::poll_fn(|cx| Pin::new(&mut rest).poll_frame(cx)).await {
                 None => return Ok(()),
@@ -121,8 +125,8 @@ pub(crate) async fn read_error_body(
     let read = read.freeze();
     let (parsed, body) = match outcome {
         Ok(Ok(())) => (parse_error_body(&read), reqwest::Body::from(read)),
-        Ok(Err(error)) => (None, Prefixed::body(read, Err(error))),
-        Err(_stalled) => (None, Prefixed::body(read, Ok(rest))),
+        Ok(Err(error)) => (None, Prefixed::body(read, Err(error), total)),
+        Err(_stalled) => (None, Prefixed::body(read, Ok(rest), total)),
     };
     (join(parts, body, url), parsed)
 }
@@ -133,13 +137,21 @@ pub(crate) async fn read_error_body(
 struct Prefixed {
     read: Option<Bytes>,
     rest: Option<Result<reqwest::Body, reqwest::Error>>,
+    /// The size hint of the whole body before any of it was read (from `Content-Length`), so
+    /// that `content_length()` stays what the caller would have seen without the throttle.
+    total: SizeHint,
 }
 
 impl Prefixed {
-    fn body(read: Bytes, rest: Result<reqwest::Body, reqwest::Error>) -> reqwest::Body {
+    fn body(
+        read: Bytes,
+        rest: Result<reqwest::Body, reqwest::Error>,
+        total: SizeHint,
+    ) -> reqwest::Body {
         reqwest::Body::wrap(Prefixed {
             read: (!read.is_empty()).then_some(read),
             rest: Some(rest),
+            total,
         })
     }
 }
@@ -164,5 +176,13 @@ impl Body for Prefixed {
 
     fn is_end_stream(&self) -> bool {
         self.read.is_none() && matches!(&self.rest, Some(Ok(rest)) if rest.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.read, &self.rest) {
+            (Some(_), _) => self.total,
+            (None, Some(Ok(rest))) => rest.size_hint(),
+            (None, _) => SizeHint::default(),
+        }
     }
 }

@@ -166,9 +166,10 @@ impl Limiter {
         gate.filter(|&g| g > now)
     }
 
-    /// Sleeps until `ready`, or fails at once if `ready` is after `deadline`.
+    /// Sleeps until `ready`, or fails at once if `ready` is not before `deadline` (a request
+    /// admitted at its deadline could not be sent by it).
     async fn wait_until(ready: Instant, deadline: Option<Instant>) -> Result<(), Refused> {
-        if deadline.is_some_and(|d| ready > d) {
+        if deadline.is_some_and(|d| ready >= d) {
             return Err(Refused::Deadline);
         }
         sleep_until(ready).await;

@@ -121,6 +121,11 @@ impl Inner {
             let admitted = self.limiter.admit(cost, deadline).await;
             waited += queued_at.elapsed();
             let permit = match admitted {
+                Ok(permit) if retries > 0 => {
+                    // Counted only once the retry is really going out.
+                    counters.retries.fetch_add(1, Ordering::Relaxed);
+                    permit
+                }
                 Ok(permit) => permit,
                 Err(Refused::Deadline) => return deadline_reached(last, retries, waited),
                 Err(refused) => return Err(Error::middleware(refused.into_error(retries, waited))),
@@ -149,7 +154,18 @@ impl Inner {
                     if let Decision::Stop(reason) = &decision {
                         tracing::debug!(attempts = retries + 1, ?reason, "not retried");
                     }
-                    let (response, hints) = response?;
+                    let (response, hints) = match response {
+                        Ok(answer) => answer,
+                        // The deadline stops the retry of a broken attempt: an earlier answer
+                        // is returned if there is one.
+                        Err(_)
+                            if decision == Decision::Stop(StopReason::Deadline)
+                                && last.is_some() =>
+                        {
+                            return deadline_reached(last, retries + 1, waited)
+                        }
+                        Err(err) => return Err(err),
+                    };
                     let stopped = match decision {
                         Decision::Stop(reason) => Some(reason),
                         Decision::Accept | Decision::Retry { .. } => None,
@@ -166,11 +182,11 @@ impl Inner {
             tracing::debug!(attempt = retries + 1, wait = ?after, "retrying");
             // The permit is released before the wait (and the answer too, without a deadline).
             drop(permit);
-            last = response.ok().filter(|_| deadline.is_some());
+            // A newer answer replaces the kept one; a transport error does not.
+            last = response.ok().or(last).filter(|_| deadline.is_some());
             tokio::time::sleep(after).await;
             waited += after;
             retries += 1;
-            counters.retries.fetch_add(1, Ordering::Relaxed);
             req = spare;
         }
     }
@@ -277,7 +293,8 @@ fn deadline_reached(
 struct DeadlinePassed;
 
 /// Sends one attempt and, for an error answer that may carry a decisive code, reads its small
-/// body; all of it by `deadline`.
+/// body. The answer's head must come by `deadline`; the body read stops there too, keeping
+/// the answer (an answer in hand is never lost to the deadline).
 async fn send(
     next: Next<'_>,
     req: Request,
@@ -287,16 +304,15 @@ async fn send(
     if deadline.is_some_and(|d| d <= Instant::now()) {
         return Err(DeadlinePassed);
     }
-    let attempt = async {
-        match next.run(req, extensions).await {
-            Ok(response) => Ok(read_error_body(response).await),
-            Err(err) => Err(err),
-        }
-    };
-    match deadline {
-        Some(d) => tokio::time::timeout_at(d, attempt)
+    let head = next.run(req, extensions);
+    let head = match deadline {
+        Some(d) => tokio::time::timeout_at(d, head)
             .await
-            .map_err(|_| DeadlinePassed),
-        None => Ok(attempt.await),
-    }
+            .map_err(|_| DeadlinePassed)?,
+        None => head.await,
+    };
+    Ok(match head {
+        Ok(response) => Ok(read_error_body(response, deadline).await),
+        Err(err) => Err(err),
+    })
 }

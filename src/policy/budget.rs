@@ -73,6 +73,9 @@ impl BudgetLedger {
     fn current(&mut self, now: Instant) -> &mut Slice {
         let index =
             (now.saturating_duration_since(self.origin).as_nanos() / self.slice.as_nanos()) as u64;
+        // A caller that read the clock before another one locked the ledger counts in the
+        // newest slice, so slices stay in order and leave the window in order.
+        let index = index.max(self.slices.back().map_or(0, |s| s.index));
         while self
             .slices
             .front()
@@ -163,5 +166,23 @@ mod tests {
         // At 19 s the retries have left too.
         let t19 = t0 + Duration::from_secs(19);
         assert_eq!(retries_allowed(&mut l, t19), 1);
+    }
+
+    #[test]
+    fn a_late_caller_with_an_earlier_reading_counts_in_the_newest_slice() {
+        let (mut l, t0) = ledger(1.0, 0);
+        l.record_request(t0 + Duration::from_millis(1000));
+        l.record_request(t0 + Duration::from_millis(999));
+        // One slice (index 1), so both requests leave the window together, in order.
+        let indexes: Vec<_> = l.slices.iter().map(|s| (s.index, s.requests)).collect();
+        assert_eq!(indexes, vec![(1, 2)]);
+        assert_eq!(
+            retries_allowed(&mut l, t0 + Duration::from_millis(10_500)),
+            2
+        );
+        assert_eq!(
+            retries_allowed(&mut l, t0 + Duration::from_millis(21_000)),
+            0
+        );
     }
 }

@@ -1,6 +1,9 @@
 //! A misbehaving HTTP/1.1 server on loopback: it reads each request itself and answers with
 //! whatever raw bytes a test scripts (cut bodies, resets, slow chunks, garbage headers), on the
-//! test's own runtime, so paused tokio time covers it too.
+//! test's own runtime, so paused tokio time covers it too. Shared by several test crates, each
+//! using part of it.
+
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
