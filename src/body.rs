@@ -9,14 +9,14 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use reqwest::ResponseBuilderExt;
 
+use crate::engine::Lease;
 use crate::headers::{parse_error_body, ErrorBody, MAX_ERROR_BODY};
-use crate::limiter::InFlight;
 
 /// Wraps a body and drops the permit when the body ends, fails, or is dropped.
 #[derive(Debug)]
 struct PermitBody {
     inner: reqwest::Body,
-    permit: Option<InFlight>,
+    permit: Option<Lease>,
 }
 
 impl Body for PermitBody {
@@ -67,7 +67,7 @@ fn join(
 /// content length as they were. A body already at its end releases the permit now.
 pub(crate) fn hold_until_body_ends(
     response: reqwest::Response,
-    permit: Option<InFlight>,
+    permit: Option<Lease>,
 ) -> reqwest::Response {
     let (parts, inner, url) = split(response);
     let permit = permit.filter(|_| !inner.is_end_stream());

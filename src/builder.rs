@@ -6,10 +6,11 @@ use std::time::Duration;
 use governor::Quota;
 use http::HeaderName;
 
+use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
 use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
-use crate::quota::{Quotas, SlidingWindow, TokenBucket, MAX_TOKEN_BUCKETS};
-use crate::throttle::Throttle;
+use crate::store::{Limits, MemoryStore, WindowQuota, MAX_TOKEN_BUCKETS};
+use crate::throttle::{Settings, Throttle};
 
 /// Default number of retries after the first attempt.
 pub const DEFAULT_MAX_RETRIES: u32 = 6;
@@ -21,6 +22,12 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(60);
 pub const DEFAULT_MAX_SERVER_WAIT: Duration = Duration::from_secs(120);
 /// Default time a send stays counted past its sliding window: 100 ms.
 pub const DEFAULT_WINDOW_GUARD: Duration = Duration::from_millis(100);
+/// Default most scopes alive at once: 10,000.
+pub const DEFAULT_MAX_SCOPES: usize = 10_000;
+/// Default time an idle scope is kept after its last use: 10 minutes.
+pub const DEFAULT_SCOPE_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
+/// Default aging bound: a request waiting this long goes before every later arrival: 30 s.
+pub const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(30);
 
 /// Builds a [`Throttle`]. Setters never panic; [`build`](Self::build) checks everything.
 ///
@@ -38,6 +45,10 @@ pub const DEFAULT_WINDOW_GUARD: Duration = Duration::from_millis(100);
 /// | [`idempotency_key`](Self::idempotency_key) | none (no key added) | |
 /// | [`deadline`](Self::deadline) | none | seconds |
 /// | [`retry_budget`](Self::retry_budget) | 20 % of requests + 10 per second, over 10 s | retries |
+/// | [`scope`](Self::scope) | [`Scope::per_authority`] | |
+/// | [`max_scopes`](Self::max_scopes) | 10,000 | scopes |
+/// | [`scope_idle_ttl`](Self::scope_idle_ttl) | 10 min | seconds |
+/// | [`priority_aging`](Self::priority_aging) | 30 s | seconds |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
@@ -53,6 +64,10 @@ pub struct ThrottleBuilder {
     key_header: Option<HeaderName>,
     deadline: Option<Duration>,
     budget: Option<RetryBudget>,
+    scope: Scope,
+    max_scopes: usize,
+    scope_idle_ttl: Duration,
+    priority_aging: Duration,
 }
 
 impl Default for ThrottleBuilder {
@@ -70,6 +85,10 @@ impl Default for ThrottleBuilder {
             key_header: None,
             deadline: None,
             budget: Some(RetryBudget::default()),
+            scope: Scope::default(),
+            max_scopes: DEFAULT_MAX_SCOPES,
+            scope_idle_ttl: DEFAULT_SCOPE_IDLE_TTL,
+            priority_aging: DEFAULT_PRIORITY_AGING,
         }
     }
 }
@@ -195,6 +214,43 @@ impl ThrottleBuilder {
         self
     }
 
+    /// What the limits apply to: each [`Scope`] (by default each authority: scheme, host and
+    /// port) has its own quotas, in-flight cap, cooldown and hints, so a `429` from one API
+    /// never slows requests to another. [`Scope::global`] applies them to everything.
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// The most keyed scopes alive at once (default 10,000), which bounds memory (a scope
+    /// costs a few hundred bytes plus one entry per send still in a sliding window).
+    ///
+    /// When a new scope would pass the cap, every idle scope is forgotten first (one with
+    /// nothing in flight or waiting, whose quotas are empty again: forgetting it changes no
+    /// admission). If every scope is busy, the new key shares one overflow scope with every
+    /// other key in that situation: their limits then apply to them together (slower, never
+    /// faster), until room frees; a warning is logged. `build` fails with
+    /// [`BuildError::ZeroMaxScopes`] for 0.
+    pub fn max_scopes(mut self, n: usize) -> Self {
+        self.max_scopes = n;
+        self
+    }
+
+    /// How long an idle scope (nothing in flight or waiting, quotas empty again) is kept
+    /// after its last use (default 10 minutes); it is forgotten between `ttl` and `1.5 × ttl`.
+    pub fn scope_idle_ttl(mut self, ttl: Duration) -> Self {
+        self.scope_idle_ttl = ttl;
+        self
+    }
+
+    /// The aging bound of the priority lanes (default 30 s): a request that has waited this
+    /// long in its scope's queue goes before every request that arrived after it, whatever
+    /// their [`Priority`](crate::Priority), so no request starves.
+    pub fn priority_aging(mut self, d: Duration) -> Self {
+        self.priority_aging = d;
+        self
+    }
+
     /// Checks the settings and builds the throttle.
     ///
     /// # Errors
@@ -224,29 +280,43 @@ impl ThrottleBuilder {
                 return Err(BuildError::InvalidRetryBudget);
             }
         }
-        let mut windows = Vec::with_capacity(self.windows.len());
+        if self.max_scopes == 0 {
+            return Err(BuildError::ZeroMaxScopes);
+        }
+        let mut limits = Limits::new().with_max_in_flight(self.max_in_flight);
         for &(limit, window) in &self.windows {
             let limit = NonZeroU32::new(limit).ok_or(BuildError::ZeroLimit)?;
             if window.is_zero() {
                 return Err(BuildError::ZeroWindow);
             }
-            windows.push(SlidingWindow::new(limit, window, self.window_guard));
+            limits = limits.with_window(WindowQuota::new(limit, window, self.window_guard));
         }
-        let buckets = self.buckets.into_iter().map(TokenBucket::new).collect();
+        limits.buckets = self.buckets;
         let policy = RetryPolicy {
             max_retries: self.max_retries,
             backoff: Backoff { base, cap },
             jitter: if self.jitter { Jitter::On } else { Jitter::Off },
             max_server_wait: self.max_server_wait,
         };
+        let engine = EngineConfig {
+            store: MemoryStore,
+            scope: self.scope,
+            limits,
+            aging: self.priority_aging,
+            bounds: Bounds {
+                max_scopes: self.max_scopes,
+                idle_ttl: self.scope_idle_ttl,
+            },
+        };
         Ok(Throttle::new(
-            Quotas::new(windows, buckets),
-            self.max_in_flight,
-            policy,
-            self.seed,
-            self.key_header,
-            self.deadline,
-            self.budget,
+            engine,
+            Settings {
+                policy,
+                seed: self.seed,
+                key_header: self.key_header,
+                deadline: self.deadline,
+                budget: self.budget,
+            },
         ))
     }
 }

@@ -7,6 +7,18 @@ use governor::clock::{Clock, Reference};
 use governor::nanos::Nanos;
 use tokio::time::Instant;
 
+/// The farthest any wait or deadline reaches: 100 years. A longer duration (such as
+/// `Duration::MAX`) means "never" just as well, and adding it to a clock reading could
+/// overflow.
+pub(crate) const FAR_FUTURE: std::time::Duration =
+    std::time::Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// `now + d`, saturating at `now +` [`FAR_FUTURE`]: the one overflow rule for waits and
+/// deadlines.
+pub(crate) fn instant_after(now: Instant, d: std::time::Duration) -> Instant {
+    now + d.min(FAR_FUTURE)
+}
+
 /// A `governor` clock that reads [`tokio::time::Instant`], as nanoseconds since its creation.
 ///
 /// Clones share one origin, so their readings compare.

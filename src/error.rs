@@ -35,6 +35,9 @@ pub enum BuildError {
     /// A retry budget with a negative or non-finite ratio, or a zero window.
     #[error("retry budget needs a finite ratio >= 0 and a window > 0")]
     InvalidRetryBudget,
+    /// `max_scopes(0)` would leave room for no scope.
+    #[error("max_scopes must be at least 1")]
+    ZeroMaxScopes,
     /// The backoff base is zero.
     #[error("backoff base must be greater than zero")]
     ZeroBackoffBase,
@@ -75,4 +78,7 @@ pub enum ThrottleError {
         /// Time spent waiting in the throttle (cooldown, permit, quotas, retry waits).
         waited: Duration,
     },
+    /// The rate-limit store could not answer, so the request was not sent.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }

@@ -22,6 +22,38 @@ impl Default for Cost {
     }
 }
 
+/// How urgent a request is, set with `RequestBuilder::with_extension(Priority::High)`
+/// (default [`Priority::Normal`]).
+///
+/// Waiters of one scope are admitted highest priority first, first in first out within a
+/// priority, at the in-flight cap and at the quotas alike. No request starves: one that has
+/// waited longer than the aging bound
+/// ([`priority_aging`](crate::ThrottleBuilder::priority_aging), 30 s by default) goes before
+/// every request that arrived after it, whatever their priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[non_exhaustive]
+pub enum Priority {
+    /// Background work: goes when nothing more urgent waits.
+    Low,
+    /// The default.
+    #[default]
+    Normal,
+    /// Ahead of normal work (e.g. a user waiting).
+    High,
+    /// Ahead of everything else.
+    Critical,
+}
+
+impl Priority {
+    /// The number of priority levels.
+    pub(crate) const LANES: usize = 4;
+
+    /// The lane of this priority: 0 for the lowest.
+    pub(crate) fn lane(self) -> usize {
+        self as usize
+    }
+}
+
 /// Send this request once: no retry, whatever the answer. Set with
 /// `RequestBuilder::with_extension(NoRetry)`. The request is still paced and counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

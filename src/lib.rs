@@ -43,24 +43,27 @@
 mod body;
 mod builder;
 pub mod clock;
+mod engine;
 mod error;
 mod extensions;
 pub mod headers;
-mod limiter;
 mod middleware;
 pub mod policy;
-mod quota;
+pub mod store;
+mod sync;
 #[cfg(feature = "test-util")]
 pub mod testing;
 mod throttle;
 
 pub use builder::{
     ThrottleBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_MAX_RETRIES,
-    DEFAULT_MAX_SERVER_WAIT, DEFAULT_WINDOW_GUARD,
+    DEFAULT_MAX_SCOPES, DEFAULT_MAX_SERVER_WAIT, DEFAULT_PRIORITY_AGING, DEFAULT_SCOPE_IDLE_TTL,
+    DEFAULT_WINDOW_GUARD,
 };
+pub use engine::Scope;
 pub use error::{BuildError, ThrottleError};
-pub use extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
-pub use throttle::{Permit, Stats, Throttle};
+pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
+pub use throttle::{Permit, ScopeStats, Stats, Throttle};
 
 /// The README's examples, compiled as doctests so that they cannot rot.
 #[cfg(doctest)]

@@ -1,9 +1,10 @@
 //! The `reqwest-middleware` adapter: admission, send, read hints, decide, and go again.
 //!
-//! Thin by design: admission lives in [`limiter`](crate::limiter), decisions in
+//! Thin by design: admission lives in [`engine`](crate::engine), decisions in
 //! [`policy`](crate::policy), hint parsing in [`headers`](crate::headers).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::{Extensions, StatusCode};
@@ -12,14 +13,15 @@ use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
 use crate::body::{hold_until_body_ends, read_error_body};
-use crate::extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
+use crate::engine::{count, Lease, Refused, Slot};
+use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
 use crate::headers::{self, ErrorBody, Hints};
-use crate::limiter::{lock, InFlight, Refused};
 use crate::policy::{
     cooldown, has_idempotency_key, may_resend_after_failure, Decision, Outcome, RequestFacts,
     StopReason,
 };
-use crate::throttle::{Inner, Throttle};
+use crate::sync::lock;
+use crate::throttle::{DefaultStore, Inner, Throttle};
 
 #[async_trait::async_trait]
 impl Middleware for Throttle {
@@ -82,6 +84,23 @@ fn is_transient(err: &Error) -> bool {
     !e.is_connect() && (e.is_request() || e.is_body())
 }
 
+/// One call through the throttle: what is known of the request, and what happened so far.
+struct Call<'a> {
+    throttle: &'a Inner,
+    scope: Arc<Slot<DefaultStore>>,
+    cost: u32,
+    priority: Priority,
+    deadline: Option<Instant>,
+    facts: RequestFacts,
+    waited: Duration,
+    /// With a deadline, the previous answer is kept through the retry wait: if the deadline
+    /// then stops the next attempt, that answer is returned rather than lost.
+    last: Option<(Response, Hints)>,
+}
+
+/// What one attempt came to.
+type Attempt = Result<(Response, Hints)>;
+
 impl Inner {
     async fn run(
         &self,
@@ -89,127 +108,117 @@ impl Inner {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
+        let mut call = Call::start(self, &mut req, extensions);
+        loop {
+            let spare = call.spare(&req);
+            let lease = match call.admit().await {
+                Ok(lease) => lease,
+                Err(end) => return end,
+            };
+            let result = match send(next.clone(), req, extensions, call.deadline).await {
+                Ok(result) => result,
+                Err(DeadlinePassed) => return call.deadline_reached(1),
+            };
+            call.facts.cloneable = spare.is_some();
+            let (decision, attempt) = call.judge(result).await;
+            match (decision, spare) {
+                (Decision::Retry { after, .. }, Some(spare)) => {
+                    call.wait(lease, attempt, after).await;
+                    req = spare;
+                }
+                (decision, _) => return call.finish(decision, attempt, lease),
+            }
+        }
+    }
+}
+
+impl<'a> Call<'a> {
+    /// Reads the request's settings, gives it its idempotency key, and counts it for the
+    /// retry budget.
+    fn start(throttle: &'a Inner, req: &mut Request, extensions: &Extensions) -> Self {
         let started = Instant::now();
-        let cost = extensions.get::<Cost>().copied().unwrap_or_default().0;
-        let retry_allowed = extensions.get::<NoRetry>().is_none();
         let deadline = extensions
             .get::<Deadline>()
             .map(|d| d.0)
             // A deadline too far to represent is no deadline.
-            .or_else(|| self.deadline.and_then(|d| started.checked_add(d)));
-        if let Some(name) = &self.key_header {
-            ensure_idempotency_key(&mut req, name);
+            .or_else(|| throttle.deadline.and_then(|d| started.checked_add(d)));
+        if let Some(name) = &throttle.key_header {
+            ensure_idempotency_key(req, name);
         }
-        let resend_safe =
-            may_resend_after_failure(req.method(), req.headers(), self.key_header.as_ref());
-        if let Some(budget) = &self.budget {
+        if let Some(budget) = &throttle.budget {
             lock(budget).record_request(started);
         }
-        let counters = self.limiter.counters();
-        let mut waited = Duration::ZERO;
-        let mut retries = 0;
-        // With a deadline, the previous answer is kept through the retry wait: if the deadline
-        // then stops the next attempt, that answer is returned rather than lost.
-        let mut last: Option<(Response, Hints)> = None;
-        loop {
-            let spare = if retry_allowed && retries < self.policy.max_retries {
-                req.try_clone()
-            } else {
-                None
-            };
-            let queued_at = Instant::now();
-            let admitted = self.limiter.admit(cost, deadline).await;
-            waited += queued_at.elapsed();
-            let permit = match admitted {
-                Ok(permit) if retries > 0 => {
-                    // Counted only once the retry is really going out.
-                    counters.retries.fetch_add(1, Ordering::Relaxed);
-                    permit
-                }
-                Ok(permit) => permit,
-                Err(Refused::Deadline) => return deadline_reached(last, retries, waited),
-                Err(refused) => return Err(Error::middleware(refused.into_error(retries, waited))),
-            };
-            let result = match send(next.clone(), req, extensions, deadline).await {
-                Ok(result) => result,
-                Err(DeadlinePassed) => return deadline_reached(last, retries + 1, waited),
-            };
-            let facts = RequestFacts {
-                retries,
-                resend_safe,
-                cloneable: spare.is_some(),
-                retry_allowed,
-            };
-            let (decision, response) = self.judge(&facts, result);
-            let decision = match decision {
-                Decision::Retry {
-                    after,
-                    may_have_run,
-                } => self.bound_retry(after, may_have_run, deadline),
-                other => other,
-            };
-            let (after, spare) = match (decision, spare) {
-                (Decision::Retry { after, .. }, Some(spare)) => (after, spare),
-                (decision, _) => {
-                    if let Decision::Stop(reason) = &decision {
-                        tracing::debug!(attempts = retries + 1, ?reason, "not retried");
-                    }
-                    let (response, hints) = match response {
-                        Ok(answer) => answer,
-                        // The deadline stops the retry of a broken attempt: an earlier answer
-                        // is returned if there is one.
-                        Err(_)
-                            if decision == Decision::Stop(StopReason::Deadline)
-                                && last.is_some() =>
-                        {
-                            return deadline_reached(last, retries + 1, waited)
-                        }
-                        Err(err) => return Err(err),
-                    };
-                    let stopped = match decision {
-                        Decision::Stop(reason) => Some(reason),
-                        Decision::Accept | Decision::Retry { .. } => None,
-                    };
-                    let info = ThrottleInfo {
-                        attempts: retries + 1,
-                        waited,
-                        hints,
-                        stopped,
-                    };
-                    return Ok(finish(response, Some(permit), info));
-                }
-            };
-            tracing::debug!(attempt = retries + 1, wait = ?after, "retrying");
-            // The permit is released before the wait (and the answer too, without a deadline).
-            drop(permit);
-            // A newer answer replaces the kept one; a transport error does not.
-            last = response.ok().or(last).filter(|_| deadline.is_some());
-            tokio::time::sleep(after).await;
-            waited += after;
-            retries += 1;
-            req = spare;
+        let facts = RequestFacts {
+            retries: 0,
+            resend_safe: may_resend_after_failure(
+                req.method(),
+                req.headers(),
+                throttle.key_header.as_ref(),
+            ),
+            cloneable: true,
+            retry_allowed: extensions.get::<NoRetry>().is_none(),
+        };
+        Self {
+            throttle,
+            scope: throttle.engine.scope_of(req),
+            cost: extensions.get::<Cost>().copied().unwrap_or_default().0,
+            priority: extensions.get::<Priority>().copied().unwrap_or_default(),
+            deadline,
+            facts,
+            waited: Duration::ZERO,
+            last: None,
         }
     }
 
-    /// Reads what one attempt produced, applies its cooldown, and decides on it.
-    fn judge(
-        &self,
-        facts: &RequestFacts,
+    /// A copy of the request for the next attempt, if one may follow.
+    fn spare(&self, req: &Request) -> Option<Request> {
+        let may_retry =
+            self.facts.retry_allowed && self.facts.retries < self.throttle.policy.max_retries;
+        may_retry.then(|| req.try_clone()).flatten()
+    }
+
+    /// Waits for the scope to admit the next attempt; `Err` holds how the call ends instead.
+    async fn admit(&mut self) -> std::result::Result<Lease, Result<Response>> {
+        let queued_at = Instant::now();
+        let admitted = self
+            .scope
+            .admit(self.cost, self.priority, self.deadline)
+            .await;
+        self.waited += queued_at.elapsed();
+        match admitted {
+            Ok(lease) => {
+                if self.facts.retries > 0 {
+                    // Counted only once the retry is really going out.
+                    count!(self.scope, retries, fetch_add);
+                }
+                Ok(lease)
+            }
+            Err(Refused::Deadline) => Err(self.deadline_reached(0)),
+            Err(refused) => {
+                let error = refused.into_error(self.facts.retries, self.waited);
+                Err(Err(Error::middleware(error)))
+            }
+        }
+    }
+
+    /// Reads what one attempt produced, closes the scope's cooldown if it says so, and
+    /// decides on it, retry bounds included.
+    async fn judge(
+        &mut self,
         result: Result<(Response, Option<ErrorBody>)>,
-    ) -> (Decision, Result<(Response, Hints)>) {
+    ) -> (Decision, Attempt) {
         let (response, error_body) = match result {
             Ok(answer) => answer,
             Err(err) => {
                 let transient = is_transient(&err);
-                let decision = self.decide(facts, Outcome::Transport { transient });
+                let decision = self.decide(Outcome::Transport { transient });
                 return (decision, Err(err));
             }
         };
         let hints = headers::parse(response.headers(), SystemTime::now());
         let status = response.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
-            let counters = self.limiter.counters();
-            counters.responses_429.fetch_add(1, Ordering::Relaxed);
+            count!(self.scope, responses_429, fetch_add);
         }
         let codes: Vec<&str> = error_body.iter().flat_map(ErrorBody::codes).collect();
         let outcome = Outcome::Response {
@@ -217,38 +226,45 @@ impl Inner {
             hints: &hints,
             codes: &codes,
         };
-        let decision = self.decide(facts, outcome);
+        let decision = self.decide(outcome);
         // A final answer (a used-up quota, a refused entitlement) is no reason to hold back
         // the other callers: waiting does not change it.
         let is_final = matches!(decision, Decision::Stop(StopReason::Final { .. }));
-        if let Some(d) = cooldown(status, &hints, self.policy.max_server_wait).filter(|_| !is_final)
-        {
-            tracing::debug!(status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
-            self.limiter.close_until(Instant::now() + d);
+        let max_wait = self.throttle.policy.max_server_wait;
+        if let Some(d) = cooldown(status, &hints, max_wait).filter(|_| !is_final) {
+            tracing::debug!(scope = %self.scope.label, status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
+            self.scope.close_cooldown(d).await;
         }
         (decision, Ok((response, hints)))
     }
 
-    fn decide(&self, facts: &RequestFacts, outcome: Outcome<'_>) -> Decision {
-        self.policy.decide(facts, outcome, &mut *lock(&self.rng))
+    fn decide(&self, outcome: Outcome<'_>) -> Decision {
+        let throttle = self.throttle;
+        let decision = throttle
+            .policy
+            .decide(&self.facts, outcome, &mut *lock(&throttle.rng));
+        match decision {
+            Decision::Retry {
+                after,
+                may_have_run,
+            } => self.bound_retry(after, may_have_run),
+            other => other,
+        }
     }
 
     /// A retry the policy chose, unless the deadline or (for an attempt that may have run,
     /// a failure) the retry budget rules it out.
-    fn bound_retry(
-        &self,
-        after: Duration,
-        may_have_run: bool,
-        deadline: Option<Instant>,
-    ) -> Decision {
+    fn bound_retry(&self, after: Duration, may_have_run: bool) -> Decision {
         let now = Instant::now();
-        if deadline.is_some_and(|d| now.checked_add(after).is_none_or(|end| end > d)) {
+        if self
+            .deadline
+            .is_some_and(|d| now.checked_add(after).is_none_or(|end| end > d))
+        {
             return Decision::Stop(StopReason::Deadline);
         }
-        if let Some(budget) = self.budget.as_ref().filter(|_| may_have_run) {
+        if let Some(budget) = self.throttle.budget.as_ref().filter(|_| may_have_run) {
             if !lock(budget).try_retry(now) {
-                let counters = self.limiter.counters();
-                counters.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                count!(self.scope, budget_exhausted, fetch_add);
                 return Decision::Stop(StopReason::RetryBudgetExhausted);
             }
         }
@@ -257,36 +273,79 @@ impl Inner {
             may_have_run,
         }
     }
+
+    /// Releases the in-flight slot and waits `after` before the next attempt.
+    async fn wait(&mut self, lease: Lease, attempt: Attempt, after: Duration) {
+        tracing::debug!(scope = %self.scope.label, attempt = self.facts.retries + 1, wait = ?after, "retrying");
+        // The slot is released before the wait (and the answer too, without a deadline).
+        drop(lease);
+        // A newer answer replaces the kept one; a transport error does not.
+        let deadline = self.deadline;
+        self.last = attempt
+            .ok()
+            .or(self.last.take())
+            .filter(|_| deadline.is_some());
+        tokio::time::sleep(after).await;
+        self.waited += after;
+        self.facts.retries += 1;
+    }
+
+    /// Ends the call with this attempt, which is not retried.
+    fn finish(mut self, decision: Decision, attempt: Attempt, lease: Lease) -> Result<Response> {
+        let attempts = self.facts.retries + 1;
+        if let Decision::Stop(reason) = &decision {
+            tracing::debug!(scope = %self.scope.label, attempts, ?reason, "not retried");
+        }
+        let (response, hints) = match attempt {
+            Ok(answer) => answer,
+            // The deadline stops the retry of a broken attempt: an earlier answer is
+            // returned if there is one.
+            Err(_) if decision == Decision::Stop(StopReason::Deadline) && self.last.is_some() => {
+                return self.deadline_reached(1)
+            }
+            Err(err) => return Err(err),
+        };
+        self.last = None;
+        let stopped = match decision {
+            Decision::Stop(reason) => Some(reason),
+            Decision::Accept | Decision::Retry { .. } => None,
+        };
+        let info = ThrottleInfo {
+            attempts,
+            waited: self.waited,
+            hints,
+            stopped,
+        };
+        Ok(finish(response, Some(lease), info))
+    }
+
+    /// The deadline stopped the next attempt (`in_progress`: 1 when an attempt was under way
+    /// or had just failed, 0 before one was sent): the previous answer if there is one
+    /// (nothing is lost), else the error.
+    fn deadline_reached(&mut self, in_progress: u32) -> Result<Response> {
+        let attempts = self.facts.retries + in_progress;
+        match self.last.take() {
+            Some((response, hints)) => {
+                let info = ThrottleInfo {
+                    attempts,
+                    waited: self.waited,
+                    hints,
+                    stopped: Some(StopReason::Deadline),
+                };
+                Ok(finish(response, None, info))
+            }
+            None => Err(Error::middleware(
+                Refused::Deadline.into_error(attempts, self.waited),
+            )),
+        }
+    }
 }
 
 /// Returns `response` with its report, its body holding `permit` (if any) until it ends.
-fn finish(response: Response, permit: Option<InFlight>, info: ThrottleInfo) -> Response {
+fn finish(response: Response, permit: Option<Lease>, info: ThrottleInfo) -> Response {
     let mut response = hold_until_body_ends(response, permit);
     response.extensions_mut().insert(info);
     response
-}
-
-/// The deadline stopped the next attempt: the previous answer if there is one (nothing is
-/// lost), else the error.
-fn deadline_reached(
-    last: Option<(Response, Hints)>,
-    attempts: u32,
-    waited: Duration,
-) -> Result<Response> {
-    match last {
-        Some((response, hints)) => {
-            let info = ThrottleInfo {
-                attempts,
-                waited,
-                hints,
-                stopped: Some(StopReason::Deadline),
-            };
-            Ok(finish(response, None, info))
-        }
-        None => Err(Error::middleware(
-            Refused::Deadline.into_error(attempts, waited),
-        )),
-    }
 }
 
 /// The deadline passed while an attempt was in progress.

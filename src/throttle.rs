@@ -12,23 +12,27 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::builder::ThrottleBuilder;
+use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused};
 use crate::error::ThrottleError;
-use crate::limiter::{InFlight, Limiter, Refused};
+use crate::extensions::Priority;
 use crate::policy::{BudgetLedger, RetryBudget, RetryPolicy};
-use crate::quota::Quotas;
+use crate::store::MemoryStore;
 
-/// A rate limiter for one API (one quota holder), as `reqwest-middleware` middleware.
+/// A rate limiter for one API client, as `reqwest-middleware` middleware.
 ///
-/// Cloning is cheap (an `Arc`): clones share every quota, permit, cooldown and counter, so one
-/// `Throttle` cloned into many clients or tasks keeps all of them, together, inside the limits.
-/// See the [crate docs](crate) for the path of a request.
+/// Cloning is cheap (an `Arc`): clones share every scope, quota, permit, cooldown and
+/// counter, so one `Throttle` cloned into many clients or tasks keeps all of them, together,
+/// inside the limits. See the [crate docs](crate) for the path of a request.
 #[derive(Clone)]
 pub struct Throttle {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// The store every throttle uses today.
+pub(crate) type DefaultStore = MemoryStore;
+
 pub(crate) struct Inner {
-    pub(crate) limiter: Limiter,
+    pub(crate) engine: Engine<DefaultStore>,
     pub(crate) policy: RetryPolicy,
     pub(crate) rng: Mutex<SmallRng>,
     pub(crate) key_header: Option<HeaderName>,
@@ -36,12 +40,21 @@ pub(crate) struct Inner {
     pub(crate) budget: Option<Mutex<BudgetLedger>>,
 }
 
+/// The settings of a throttle beside its engine.
+pub(crate) struct Settings {
+    pub(crate) policy: RetryPolicy,
+    pub(crate) seed: Option<u64>,
+    pub(crate) key_header: Option<HeaderName>,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) budget: Option<RetryBudget>,
+}
+
 /// The right to have one unit of work in flight, from [`Throttle::acquire`]. Dropping it ends
-/// the work: the in-flight permit goes back to the next waiter.
+/// the work: the in-flight slot goes to the next waiter.
 #[derive(Debug)]
 #[must_use = "dropping the permit ends the work's time in flight at once"]
 pub struct Permit {
-    _in_flight: InFlight,
+    _lease: Lease,
 }
 
 /// A snapshot of a throttle's counters, from [`Throttle::stats`].
@@ -60,8 +73,43 @@ pub struct Stats {
     pub retries: u64,
     /// Retries not made because the retry budget was spent.
     pub budget_exhausted: u64,
-    /// In-flight permits free now, or `None` with no in-flight cap.
+    /// In-flight slots free now in the live scopes, summed, or `None` with no in-flight cap.
     pub available_permits: Option<usize>,
+    /// Keyed scopes alive now (the unkeyed scope and the overflow scope not counted).
+    pub scopes: usize,
+}
+
+/// A snapshot of one scope's counters, from [`Throttle::scope_stats`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ScopeStats {
+    /// The scope's label: `scheme://host:port` for an authority, `name=#` and 16 hex digits
+    /// of the value's hash for a header (never the value), the key of a
+    /// [`Scope::from_fn`](crate::Scope::from_fn) scope, `(unkeyed)` or `(overflow)`.
+    pub label: String,
+    /// Requests of this scope sent and not yet finished.
+    pub in_flight: usize,
+    /// Callers of this scope waiting to be admitted.
+    pub queued: usize,
+    /// Attempts sent in this scope, retries included.
+    pub sent: u64,
+    /// Responses with status 429 received in this scope.
+    pub responses_429: u64,
+    /// Retries made in this scope.
+    pub retries: u64,
+    /// In-flight slots free now, or `None` with no in-flight cap.
+    pub available_permits: Option<usize>,
+}
+
+fn read(c: &Counters) -> (usize, usize, u64, u64, u64, u64) {
+    (
+        c.in_flight.load(Ordering::Relaxed),
+        c.queued.load(Ordering::Relaxed),
+        c.sent.load(Ordering::Relaxed),
+        c.responses_429.load(Ordering::Relaxed),
+        c.retries.load(Ordering::Relaxed),
+        c.budget_exhausted.load(Ordering::Relaxed),
+    )
 }
 
 impl Throttle {
@@ -70,49 +118,71 @@ impl Throttle {
         ThrottleBuilder::new()
     }
 
-    pub(crate) fn new(
-        quotas: Quotas,
-        max_in_flight: Option<usize>,
-        policy: RetryPolicy,
-        seed: Option<u64>,
-        key_header: Option<HeaderName>,
-        deadline: Option<Duration>,
-        budget: Option<RetryBudget>,
-    ) -> Self {
-        let rng = match seed {
+    pub(crate) fn new(engine: EngineConfig<DefaultStore>, settings: Settings) -> Self {
+        let rng = match settings.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_rng(&mut rand::rng()),
         };
+        let budget = settings.budget;
         Self {
             inner: Arc::new(Inner {
-                limiter: Limiter::new(max_in_flight, quotas),
-                policy,
+                engine: Engine::new(engine),
+                policy: settings.policy,
                 rng: Mutex::new(rng),
-                key_header,
-                deadline,
+                key_header: settings.key_header,
+                deadline: settings.deadline,
                 budget: budget.map(|b| Mutex::new(BudgetLedger::new(b, Instant::now()))),
             }),
         }
     }
 
-    /// The counters now. Reading them takes no lock.
+    /// The counters now, summed over every scope. Takes the scope map's lock once, to sum the
+    /// free in-flight slots.
     pub fn stats(&self) -> Stats {
-        let c = self.inner.limiter.counters();
+        let engine = &self.inner.engine;
+        let (in_flight, queued, sent, responses_429, retries, budget_exhausted) =
+            read(engine.total());
+        let mut available_permits = None;
+        engine.each_scope(|slot| {
+            if let Some(free) = slot.available_permits() {
+                *available_permits.get_or_insert(0) += free;
+            }
+        });
         Stats {
-            in_flight: c.in_flight.load(Ordering::Relaxed),
-            queued: c.queued.load(Ordering::Relaxed),
-            sent: c.sent.load(Ordering::Relaxed),
-            responses_429: c.responses_429.load(Ordering::Relaxed),
-            retries: c.retries.load(Ordering::Relaxed),
-            budget_exhausted: c.budget_exhausted.load(Ordering::Relaxed),
-            available_permits: self.inner.limiter.available_permits(),
+            in_flight,
+            queued,
+            sent,
+            responses_429,
+            retries,
+            budget_exhausted,
+            available_permits,
+            scopes: engine.keyed_scopes(),
         }
     }
 
+    /// The counters of every live scope, in no particular order.
+    pub fn scope_stats(&self) -> Vec<ScopeStats> {
+        let mut all = Vec::new();
+        self.inner.engine.each_scope(|slot| {
+            let (in_flight, queued, sent, responses_429, retries, _) = read(&slot.counters);
+            all.push(ScopeStats {
+                label: slot.label.to_string(),
+                in_flight,
+                queued,
+                sent,
+                responses_429,
+                retries,
+                available_permits: slot.available_permits(),
+            });
+        });
+        all
+    }
+
     /// Waits until one unit of work of `cost` quota units may start, exactly as a request sent
-    /// through the middleware would (cooldown, in-flight permit, quotas), and returns its
+    /// through the middleware would (cooldown, in-flight slot, quotas), and returns its
     /// [`Permit`]. Use it to pace work that is not a `reqwest` request; the work counts as in
-    /// flight until the permit is dropped.
+    /// flight until the permit is dropped. The work is admitted in the unkeyed scope (the only
+    /// scope of [`Scope::global`](crate::Scope::global)), at [`Priority::Normal`].
     ///
     /// # Errors
     /// [`ThrottleError::CostExceedsQuota`] at once when `cost` is more than a quota can admit.
@@ -122,9 +192,25 @@ impl Throttle {
     /// buckets, cells it already took go to the next caller of the same cost, or are lost
     /// (which only slows admission, never exceeds a quota).
     pub async fn acquire(&self, cost: u32) -> Result<Permit, ThrottleError> {
-        let admitted = self.inner.limiter.admit(cost, None).await;
+        self.acquire_with_priority(cost, Priority::Normal).await
+    }
+
+    /// [`acquire`](Self::acquire) at `priority`.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_with_priority(
+        &self,
+        cost: u32,
+        priority: Priority,
+    ) -> Result<Permit, ThrottleError> {
+        let slot = self.inner.engine.unkeyed();
+        let admitted = slot.admit(cost, priority, None).await;
         let refused = |r: Refused| r.into_error(0, Duration::ZERO);
-        admitted.map(|p| Permit { _in_flight: p }).map_err(refused)
+        admitted.map(|l| Permit { _lease: l }).map_err(refused)
     }
 
     /// The retry policy this throttle applies.
@@ -136,7 +222,6 @@ impl Throttle {
 impl fmt::Debug for Throttle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Throttle")
-            .field("max_in_flight", &self.inner.limiter.max_in_flight())
             .field("policy", &self.inner.policy)
             .field("stats", &self.stats())
             .finish_non_exhaustive()

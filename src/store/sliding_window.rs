@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::WindowQuota;
+
 /// The longest time a send stays counted: 100 years.
 pub(crate) const MAX_SPAN: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
@@ -29,18 +31,24 @@ pub(crate) struct SlidingWindow {
 impl SlidingWindow {
     /// `window + guard` is the time a send stays counted, at most [`MAX_SPAN`] (100 years:
     /// a longer window, such as `Duration::MAX`, means "ever" just as well).
-    pub(crate) fn new(limit: NonZeroU32, window: Duration, guard: Duration) -> Self {
+    pub(crate) fn new(quota: &WindowQuota) -> Self {
         Self {
-            limit,
-            span: window.saturating_add(guard).min(MAX_SPAN),
+            limit: quota.limit,
+            span: Self::span(quota),
             log: VecDeque::new(),
             used: 0,
         }
     }
 
-    /// The most units one request may take.
-    pub(crate) fn capacity(&self) -> u32 {
-        self.limit.get()
+    fn span(quota: &WindowQuota) -> Duration {
+        quota.window.saturating_add(quota.guard).min(MAX_SPAN)
+    }
+
+    /// Takes a new limit and length, keeping every send counted: a smaller limit admits
+    /// nothing until enough sends have left the window.
+    pub(crate) fn resize(&mut self, quota: &WindowQuota) {
+        self.limit = quota.limit;
+        self.span = Self::span(quota);
     }
 
     fn expire(&mut self, now: Instant) {
@@ -87,7 +95,6 @@ impl SlidingWindow {
     }
 
     /// Units counted in the window ending at `now`.
-    #[cfg(test)]
     pub(crate) fn used(&mut self, now: Instant) -> u32 {
         self.expire(now);
         self.used
@@ -98,12 +105,12 @@ impl SlidingWindow {
 mod tests {
     use super::*;
 
+    fn quota(limit: u32, window: Duration, guard: Duration) -> WindowQuota {
+        WindowQuota::new(NonZeroU32::new(limit).unwrap(), window, guard)
+    }
+
     fn window(limit: u32, secs: u64) -> SlidingWindow {
-        SlidingWindow::new(
-            NonZeroU32::new(limit).unwrap(),
-            Duration::from_secs(secs),
-            Duration::ZERO,
-        )
+        SlidingWindow::new(&quota(limit, Duration::from_secs(secs), Duration::ZERO))
     }
 
     #[test]
@@ -126,11 +133,11 @@ mod tests {
     #[test]
     fn guard_extends_the_window() {
         let t0 = Instant::now();
-        let mut w = SlidingWindow::new(
-            NonZeroU32::new(1).unwrap(),
+        let mut w = SlidingWindow::new(&quota(
+            1,
             Duration::from_secs(6),
             Duration::from_millis(100),
-        );
+        ));
         w.record(1, t0);
         assert_eq!(w.ready_at(1, t0), t0 + Duration::from_millis(6100));
     }
@@ -147,7 +154,6 @@ mod tests {
         assert_eq!(w.ready_at(3, now), t0 + Duration::from_secs(60));
         // 7 units need 6 freed: both sends must leave.
         assert_eq!(w.ready_at(7, now), t0 + Duration::from_secs(61));
-        assert_eq!(w.capacity(), 10);
     }
 
     #[test]
@@ -169,5 +175,18 @@ mod tests {
         assert_eq!(w.ready_at(1, t0), t0);
         assert_eq!(w.ready_at(u32::MAX, t0), t0 + Duration::from_secs(60));
         assert_eq!(w.used(t0), u32::MAX - 1);
+    }
+
+    #[test]
+    fn resize_keeps_the_log() {
+        let t0 = Instant::now();
+        let mut w = window(4, 10);
+        w.record(3, t0);
+        w.resize(&quota(2, Duration::from_secs(20), Duration::ZERO));
+        // 3 units counted, limit 2: nothing fits until they leave, 20 s after they were sent.
+        assert_eq!(w.ready_at(1, t0), t0 + Duration::from_secs(20));
+        w.resize(&quota(5, Duration::from_secs(20), Duration::ZERO));
+        assert_eq!(w.ready_at(2, t0), t0);
+        assert_eq!(w.ready_at(3, t0), t0 + Duration::from_secs(20));
     }
 }

@@ -1,0 +1,239 @@
+//! The waiter queue of one scope: priority lanes, first in first out within a lane, and aging.
+//!
+//! Only the head of the queue tries the store; the others sleep until they become the head.
+//! The head is the front of the highest non-empty lane, unless a waiter at the front of some
+//! lane has waited at least the aging bound: then the longest-waiting of those goes first, so a
+//! low-priority request is never starved.
+
+use std::collections::BTreeMap;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::extensions::Priority;
+
+/// One waiter's place: its lane and its arrival number (global to the queue, so that arrival
+/// order compares across lanes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    lane: usize,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    since: Instant,
+    waker: Option<Waker>,
+    /// Set when the waiter is told something changed (it became the head, a lease was
+    /// released, a limit changed); cleared when it looks.
+    woken: bool,
+}
+
+/// The waiters of one scope.
+#[derive(Debug)]
+pub(crate) struct WaitQueue {
+    lanes: [BTreeMap<u64, Waiter>; Priority::LANES],
+    next_seq: u64,
+    aging: Duration,
+    len: usize,
+}
+
+impl WaitQueue {
+    pub(crate) fn new(aging: Duration) -> Self {
+        Self {
+            lanes: Default::default(),
+            next_seq: 0,
+            aging,
+            len: 0,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Queues a waiter of `priority` arriving at `now`.
+    pub(crate) fn push(&mut self, priority: Priority, now: Instant) -> Place {
+        let place = Place {
+            lane: priority.lane(),
+            seq: self.next_seq,
+        };
+        self.next_seq += 1;
+        self.len += 1;
+        let waiter = Waiter {
+            since: now,
+            waker: None,
+            woken: false,
+        };
+        self.lanes[place.lane].insert(place.seq, waiter);
+        place
+    }
+
+    /// Removes a waiter (admitted, or gone) and wakes whoever is the head now.
+    pub(crate) fn remove(&mut self, place: Place, now: Instant) {
+        if self.lanes[place.lane].remove(&place.seq).is_some() {
+            self.len -= 1;
+        }
+        self.wake_head(now);
+    }
+
+    /// The waiter that goes next at `now`.
+    pub(crate) fn head(&self, now: Instant) -> Option<Place> {
+        let fronts = self.lanes.iter().enumerate().filter_map(|(lane, waiters)| {
+            let (&seq, waiter) = waiters.first_key_value()?;
+            Some((Place { lane, seq }, waiter.since))
+        });
+        let mut best: Option<Place> = None;
+        let mut aged: Option<Place> = None;
+        for (place, since) in fronts {
+            if now.saturating_duration_since(since) >= self.aging
+                && aged.is_none_or(|a| place.seq < a.seq)
+            {
+                aged = Some(place);
+            }
+            // Lanes are in ascending priority: the last non-empty one is the highest.
+            best = Some(place);
+        }
+        aged.or(best)
+    }
+
+    /// Tells the head that something changed, so that it tries again.
+    pub(crate) fn wake_head(&mut self, now: Instant) {
+        if let Some(head) = self.head(now) {
+            self.wake(head);
+        }
+    }
+
+    fn wake(&mut self, place: Place) {
+        if let Some(waiter) = self.lanes[place.lane].get_mut(&place.seq) {
+            waiter.woken = true;
+            if let Some(waker) = waiter.waker.take() {
+                waker.wake();
+            }
+        }
+    }
+
+    /// Ready when `place` is the head. Otherwise registers to be woken, and wakes the head in
+    /// case it is asleep without knowing it is the head (it became so by aging or by arrival
+    /// order changing under it).
+    pub(crate) fn poll_head(
+        &mut self,
+        place: Place,
+        now: Instant,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let head = self.head(now);
+        let Some(waiter) = self.lanes[place.lane].get_mut(&place.seq) else {
+            // Not queued (cannot happen while its ticket lives): let it try.
+            return Poll::Ready(());
+        };
+        waiter.woken = false;
+        if head == Some(place) {
+            return Poll::Ready(());
+        }
+        register(waiter, cx);
+        if let Some(head) = head {
+            self.wake(head);
+        }
+        Poll::Pending
+    }
+
+    /// Ready once `place` has been woken since it last looked.
+    pub(crate) fn poll_woken(&mut self, place: Place, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(waiter) = self.lanes[place.lane].get_mut(&place.seq) else {
+            return Poll::Ready(());
+        };
+        if std::mem::take(&mut waiter.woken) {
+            return Poll::Ready(());
+        }
+        register(waiter, cx);
+        Poll::Pending
+    }
+}
+
+fn register(waiter: &mut Waiter, cx: &mut Context<'_>) {
+    match &mut waiter.waker {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        slot => *slot = Some(cx.waker().clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AGING: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn higher_priority_first_then_arrival_order() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::new(AGING);
+        let low = q.push(Priority::Low, t0);
+        let normal1 = q.push(Priority::Normal, t0);
+        let high = q.push(Priority::High, t0);
+        let normal2 = q.push(Priority::Normal, t0);
+        assert_eq!(q.len(), 4);
+        let mut order = Vec::new();
+        while let Some(head) = q.head(t0) {
+            order.push(head);
+            q.remove(head, t0);
+        }
+        assert_eq!(order, vec![high, normal1, normal2, low]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_waiter_past_the_aging_bound_goes_first() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::new(AGING);
+        let low = q.push(Priority::Low, t0);
+        let high = q.push(Priority::Critical, t0 + Duration::from_secs(10));
+        assert_eq!(q.head(t0 + Duration::from_secs(29)), Some(high));
+        assert_eq!(q.head(t0 + AGING), Some(low));
+        // Of several aged waiters, the one that arrived first.
+        let normal = q.push(Priority::Normal, t0 + Duration::from_secs(1));
+        let at = t0 + Duration::from_secs(45);
+        assert_eq!(q.head(at), Some(low));
+        q.remove(low, at);
+        assert_eq!(q.head(at), Some(high), "high arrived before normal");
+        q.remove(high, at);
+        assert_eq!(q.head(at), Some(normal));
+    }
+
+    #[test]
+    fn removing_a_waiter_wakes_the_new_head() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::new(AGING);
+        let first = q.push(Priority::Normal, t0);
+        let second = q.push(Priority::Normal, t0);
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(q.poll_head(second, t0, &mut cx), Poll::Pending);
+        assert_eq!(q.poll_woken(second, &mut cx), Poll::Pending);
+        q.remove(first, t0);
+        assert_eq!(q.poll_woken(second, &mut cx), Poll::Ready(()));
+        assert_eq!(q.poll_head(second, t0, &mut cx), Poll::Ready(()));
+    }
+
+    #[test]
+    fn a_waiter_that_is_not_the_head_wakes_the_head() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::new(AGING);
+        let low = q.push(Priority::Low, t0);
+        let high = q.push(Priority::High, t0);
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        // `high` sleeps as head; by aging `low` becomes the head while it sleeps.
+        assert_eq!(q.poll_head(high, t0, &mut cx), Poll::Ready(()));
+        assert_eq!(q.poll_woken(low, &mut cx), Poll::Pending);
+        assert_eq!(q.poll_head(high, t0 + AGING, &mut cx), Poll::Pending);
+        assert_eq!(q.poll_woken(low, &mut cx), Poll::Ready(()));
+        assert_eq!(q.poll_head(low, t0 + AGING, &mut cx), Poll::Ready(()));
+    }
+}

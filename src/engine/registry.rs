@@ -1,0 +1,178 @@
+//! The live scopes of one throttle, with bounded memory: idle scopes are forgotten after a
+//! time to live, and their number is capped.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use reqwest::Request;
+use tokio::time::Instant;
+
+use super::scope::{Key, Resolver, Scope};
+use super::slot::{Slot, SlotConfig};
+use crate::store::{ScopeId, Store};
+use crate::sync::lock;
+
+/// A [`ScopeId`] is already a keyed hash: its low 64 bits index the map as they are.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached through `write_u128`'s default, which writes the bytes.
+        for &b in bytes.iter().take(8) {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u128(&mut self, i: u128) {
+        // Truncation intended: the low half is as random as the whole.
+        self.0 = i as u64;
+    }
+}
+
+type SlotMap<S> = HashMap<ScopeId, Arc<Slot<S>>, BuildHasherDefault<IdHasher>>;
+
+#[derive(Debug)]
+struct Map<S: Store> {
+    slots: SlotMap<S>,
+    /// Shared by new scopes while the map is full of busy ones.
+    overflow: Option<Arc<Slot<S>>>,
+    next_sweep: Instant,
+}
+
+/// How many scopes a throttle keeps, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// At most this many keyed scopes alive at once.
+    pub(crate) max_scopes: usize,
+    /// An idle scope is forgotten this long after its last use.
+    pub(crate) idle_ttl: Duration,
+}
+
+/// The live scopes of one throttle.
+#[derive(Debug)]
+pub(crate) struct Registry<S: Store> {
+    resolver: Resolver,
+    global: bool,
+    config: SlotConfig<S>,
+    bounds: Bounds,
+    /// The scope of requests without a key (and of [`Throttle::acquire`](crate::Throttle::acquire)):
+    /// made at first use, never forgotten.
+    unkeyed: OnceLock<Arc<Slot<S>>>,
+    map: Mutex<Map<S>>,
+}
+
+impl<S: Store> Registry<S> {
+    pub(crate) fn new(scope: Scope, config: SlotConfig<S>, bounds: Bounds) -> Self {
+        let now = Instant::now();
+        Self {
+            global: scope.is_global(),
+            resolver: Resolver::new(scope),
+            config,
+            bounds,
+            unkeyed: OnceLock::new(),
+            map: Mutex::new(Map {
+                slots: HashMap::default(),
+                overflow: None,
+                next_sweep: now + bounds.idle_ttl / 2,
+            }),
+        }
+    }
+
+    /// The unkeyed scope.
+    pub(crate) fn unkeyed(&self) -> &Arc<Slot<S>> {
+        self.unkeyed.get_or_init(|| {
+            let key = Key::Unkeyed;
+            let id = self.resolver.id(&key);
+            Arc::new(self.config.open(id, key.label(id)))
+        })
+    }
+
+    /// The scope of `req`, made if it is new.
+    pub(crate) fn scope_of(&self, req: &Request) -> Arc<Slot<S>> {
+        if self.global {
+            return self.unkeyed().clone();
+        }
+        let key = self.resolver.key(req);
+        if let Key::Unkeyed = key {
+            return self.unkeyed().clone();
+        }
+        let id = self.resolver.id(&key);
+        let now = Instant::now();
+        let mut map = lock(&self.map);
+        if now >= map.next_sweep {
+            self.sweep(&mut map, now, false);
+        }
+        if let Some(slot) = map.slots.get(&id) {
+            slot.touch(now);
+            return slot.clone();
+        }
+        if map.slots.len() >= self.bounds.max_scopes {
+            self.sweep(&mut map, now, true);
+        }
+        if map.slots.len() >= self.bounds.max_scopes {
+            tracing::warn!(
+                max_scopes = self.bounds.max_scopes,
+                "every scope is busy: a new scope shares the overflow scope"
+            );
+            let overflow = map.overflow.get_or_insert_with(|| {
+                let label = "(overflow)".to_owned();
+                Arc::new(self.config.open(ScopeId::from_u128(0), label))
+            });
+            return overflow.clone();
+        }
+        let slot = Arc::new(self.config.open(id, key.label(id)));
+        map.slots.insert(id, slot.clone());
+        slot
+    }
+
+    /// Forgets idle scopes: those unused for the time to live, or (`full`) every idle one.
+    /// A scope is idle when nothing holds it but the map (no call, lease or waiter) and its
+    /// state is a fresh scope's, so forgetting it changes no admission.
+    fn sweep(&self, map: &mut Map<S>, now: Instant, full: bool) {
+        let ttl = self.bounds.idle_ttl;
+        let before = map.slots.len();
+        map.slots.retain(|_, slot| {
+            let expired = full || now.saturating_duration_since(slot.last_used()) >= ttl;
+            !(expired && Arc::strong_count(slot) == 1 && slot.is_idle())
+        });
+        if map
+            .overflow
+            .as_ref()
+            .is_some_and(|o| Arc::strong_count(o) == 1 && o.is_idle())
+        {
+            map.overflow = None;
+        }
+        map.next_sweep = now + ttl / 2;
+        let evicted = before - map.slots.len();
+        if evicted > 0 {
+            tracing::debug!(evicted, alive = map.slots.len(), "idle scopes forgotten");
+        }
+        if full || evicted > before / 2 {
+            map.slots.shrink_to_fit();
+        }
+    }
+
+    /// Every live scope: the unkeyed one (if made), the keyed ones, and the overflow scope.
+    pub(crate) fn each(&self, mut f: impl FnMut(&Slot<S>)) {
+        if let Some(unkeyed) = self.unkeyed.get() {
+            f(unkeyed);
+        }
+        let map = lock(&self.map);
+        map.slots.values().for_each(|s| f(s));
+        if let Some(overflow) = &map.overflow {
+            f(overflow);
+        }
+    }
+
+    /// The live keyed scopes (the unkeyed and overflow scopes not counted).
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.map).slots.len()
+    }
+}

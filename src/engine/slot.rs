@@ -1,0 +1,286 @@
+//! One live scope: its store state, its waiter queue, its counters, and admission into it.
+
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::{sleep_until, Instant};
+
+use super::queue::{Place, WaitQueue};
+use super::Refused;
+use crate::error::ThrottleError;
+use crate::extensions::Priority;
+use crate::store::{Admission, LeaseId, Limits, ScopeId, Store};
+use crate::sync::lock;
+
+/// Counters of one scope, or of the whole throttle.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) queued: AtomicUsize,
+    pub(crate) sent: AtomicU64,
+    pub(crate) responses_429: AtomicU64,
+    pub(crate) retries: AtomicU64,
+    pub(crate) budget_exhausted: AtomicU64,
+}
+
+/// Adds 1 to (or takes 1 from) a counter of the scope and the same counter of the throttle.
+macro_rules! count {
+    ($slot:expr, $field:ident, $op:ident) => {{
+        $slot.counters.$field.$op(1, Ordering::Relaxed);
+        $slot.total.$field.$op(1, Ordering::Relaxed);
+    }};
+}
+pub(crate) use count;
+
+/// One live scope.
+#[derive(Debug)]
+pub(crate) struct Slot<S: Store> {
+    pub(crate) label: Box<str>,
+    state: S::Scope,
+    store: Arc<S>,
+    queue: Mutex<WaitQueue>,
+    pub(crate) counters: Counters,
+    pub(crate) total: Arc<Counters>,
+    /// The in-flight cap now (`usize::MAX`: none), for the stats.
+    max_in_flight: AtomicUsize,
+    /// Nanoseconds from `origin` to the last lookup, for idle eviction.
+    last_used: AtomicU64,
+    origin: Instant,
+}
+
+/// What a new slot is made of.
+#[derive(Debug)]
+pub(crate) struct SlotConfig<S> {
+    pub(crate) store: Arc<S>,
+    pub(crate) limits: Limits,
+    pub(crate) aging: Duration,
+    pub(crate) total: Arc<Counters>,
+    pub(crate) origin: Instant,
+}
+
+impl<S: Store> SlotConfig<S> {
+    pub(crate) fn open(&self, id: ScopeId, label: String) -> Slot<S> {
+        let slot = Slot {
+            label: label.into_boxed_str(),
+            state: self.store.open(id, &self.limits),
+            store: self.store.clone(),
+            queue: Mutex::new(WaitQueue::new(self.aging)),
+            counters: Counters::default(),
+            total: self.total.clone(),
+            max_in_flight: AtomicUsize::new(self.limits.max_in_flight.unwrap_or(usize::MAX)),
+            last_used: AtomicU64::new(0),
+            origin: self.origin,
+        };
+        slot.touch(Instant::now());
+        slot
+    }
+}
+
+/// Releases a lease: what a [`Lease`] needs of its slot, whatever the store.
+trait Release: Send + Sync + std::fmt::Debug {
+    fn release(&self, lease: LeaseId);
+}
+
+/// A request's lease on an in-flight slot of its scope. Dropping it releases the slot and
+/// wakes the scope's next waiter.
+#[derive(Debug)]
+#[must_use = "dropping the lease ends the request's time in flight at once"]
+pub(crate) struct Lease {
+    slot: Arc<dyn Release>,
+    id: LeaseId,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.slot.release(self.id);
+    }
+}
+
+impl<S: Store> Release for Slot<S> {
+    fn release(&self, lease: LeaseId) {
+        self.store.release(&self.state, lease);
+        count!(self, in_flight, fetch_sub);
+        lock(&self.queue).wake_head(Instant::now());
+    }
+}
+
+/// A waiter's place in the queue while it exists.
+struct Ticket<'a, S: Store> {
+    slot: &'a Slot<S>,
+    place: Place,
+}
+
+impl<'a, S: Store> Ticket<'a, S> {
+    fn new(slot: &'a Slot<S>, priority: Priority) -> Self {
+        let place = lock(&slot.queue).push(priority, Instant::now());
+        count!(slot, queued, fetch_add);
+        Self { slot, place }
+    }
+
+    /// Until this waiter is the head of the queue.
+    async fn head(&self) {
+        poll_fn(|cx| lock(&self.slot.queue).poll_head(self.place, Instant::now(), cx)).await
+    }
+
+    /// Until this waiter is told that something changed.
+    async fn woken(&self) {
+        poll_fn(|cx| lock(&self.slot.queue).poll_woken(self.place, cx)).await
+    }
+}
+
+impl<S: Store> Drop for Ticket<'_, S> {
+    fn drop(&mut self) {
+        lock(&self.slot.queue).remove(self.place, Instant::now());
+        count!(self.slot, queued, fetch_sub);
+    }
+}
+
+impl<S: Store> Slot<S> {
+    /// Marks the scope used at `now`.
+    pub(crate) fn touch(&self, now: Instant) {
+        let nanos = now.saturating_duration_since(self.origin).as_nanos();
+        self.last_used
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// When the scope was last used.
+    pub(crate) fn last_used(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.last_used.load(Ordering::Relaxed))
+    }
+
+    /// Whether forgetting the scope changes nothing: no waiter, and the store's state is a
+    /// fresh one's (callers also check that nobody else holds the slot).
+    pub(crate) fn is_idle(&self) -> bool {
+        lock(&self.queue).is_empty() && self.store.is_idle(&self.state)
+    }
+
+    /// In-flight slots free now, or `None` with no cap.
+    pub(crate) fn available_permits(&self) -> Option<usize> {
+        let cap = self.max_in_flight.load(Ordering::Relaxed);
+        let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
+        (cap != usize::MAX).then(|| cap.saturating_sub(in_flight))
+    }
+
+    /// Closes the scope's cooldown for `wait` from now. A store that cannot be reached leaves
+    /// it open (the server's own refusals still pace the scope).
+    pub(crate) async fn close_cooldown(&self, wait: Duration) {
+        if let Err(e) = self.store.close_cooldown(&self.state, wait).await {
+            tracing::warn!(scope = %self.label, error = %e, "cooldown not shared");
+        }
+    }
+
+    /// Takes new limits. Leases held stay held; waiters try again at once. (Driven by the
+    /// learned limits; tested here.)
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) async fn set_limits(&self, limits: &Limits) -> Result<(), Refused> {
+        self.store
+            .set_limits(&self.state, limits)
+            .await
+            .map_err(Refused::Store)?;
+        let cap = limits.max_in_flight.unwrap_or(usize::MAX);
+        self.max_in_flight.store(cap, Ordering::Relaxed);
+        lock(&self.queue).wake_head(Instant::now());
+        Ok(())
+    }
+
+    /// Waits until a request of `cost` units and `priority` may be sent in this scope: the
+    /// cooldown is open, an in-flight slot is leased, and every quota has admitted it.
+    ///
+    /// # Errors
+    /// [`Refused::Cost`] when `cost` is more than a quota can ever admit;
+    /// [`Refused::Deadline`] as soon as admission is known to come after `deadline`, or at
+    /// `deadline`; [`Refused::Store`] when the store cannot answer.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves the queue at once and has charged nothing.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        cost: u32,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> Result<Lease, Refused> {
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            return Err(Refused::Deadline);
+        }
+        let admission = self.admit_inner(cost, priority, deadline);
+        match deadline {
+            Some(d) => tokio::time::timeout_at(d, admission)
+                .await
+                .unwrap_or(Err(Refused::Deadline)),
+            None => admission.await,
+        }
+    }
+
+    async fn admit_inner(
+        self: &Arc<Self>,
+        cost: u32,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> Result<Lease, Refused> {
+        // Nobody waiting: try at once, without a place in the queue.
+        let mut first = None;
+        if lock(&self.queue).is_empty() {
+            match self.try_once(cost).await? {
+                Ok(lease) => return Ok(lease),
+                Err(wait) => first = Some(wait),
+            }
+        }
+        let ticket = Ticket::new(self, priority);
+        loop {
+            let wait = match first.take() {
+                Some(wait) => wait,
+                None => {
+                    ticket.head().await;
+                    match self.try_once(cost).await? {
+                        Ok(lease) => return Ok(lease),
+                        Err(wait) => wait,
+                    }
+                }
+            };
+            match wait {
+                Some(d) => {
+                    let now = Instant::now();
+                    let ready = crate::clock::instant_after(now, d);
+                    if deadline.is_some_and(|dl| ready >= dl) {
+                        return Err(Refused::Deadline);
+                    }
+                    tokio::select! {
+                        () = sleep_until(ready) => {}
+                        () = ticket.woken() => {}
+                    }
+                }
+                None => ticket.woken().await,
+            }
+        }
+    }
+
+    /// One try at the store: the lease, or how long to wait (`None`: until woken).
+    async fn try_once(
+        self: &Arc<Self>,
+        cost: u32,
+    ) -> Result<Result<Lease, Option<Duration>>, Refused> {
+        let admission = self
+            .store
+            .admit(&self.state, cost)
+            .await
+            .map_err(Refused::Store)?;
+        Ok(match admission {
+            Admission::Admitted(id) => {
+                count!(self, in_flight, fetch_add);
+                count!(self, sent, fetch_add);
+                let slot: Arc<dyn Release> = self.clone();
+                Ok(Lease { slot, id })
+            }
+            Admission::NotBefore(d) => Err(Some(d)),
+            Admission::InFlightFull => Err(self.store.in_flight_poll()),
+            Admission::CostTooLarge { capacity } => {
+                return Err(Refused::Cost(ThrottleError::CostExceedsQuota {
+                    cost,
+                    capacity,
+                }))
+            }
+        })
+    }
+}

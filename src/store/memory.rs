@@ -1,0 +1,124 @@
+//! [`MemoryStore`]: the default store, the state of one process.
+
+use std::future::{ready, Future};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::quotas::Quotas;
+use super::{Admission, LeaseId, Limits, ScopeId, Store, StoreError};
+use crate::sync::lock;
+
+/// The default [`Store`]: each scope's state in this process's memory, on the tokio clock.
+///
+/// Every call answers at once, takes one uncontended mutex, and allocates nothing. Each
+/// [`open`](Store::open) makes a fresh state: the engine opens one per scope and shares it
+/// among every caller of that scope.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryStore;
+
+/// One scope's state in a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryScope {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Closed until this instant (the shared cooldown).
+    cooldown_until: Option<Instant>,
+    in_flight: usize,
+    max_in_flight: Option<usize>,
+    capacity: Option<u32>,
+    quotas: Quotas,
+    next_lease: u64,
+}
+
+impl State {
+    fn admit(&mut self, cost: u32, now: Instant) -> Admission {
+        if let Some(capacity) = self.capacity.filter(|&c| cost > c) {
+            return Admission::CostTooLarge { capacity };
+        }
+        if let Some(until) = self.cooldown_until.filter(|&u| u > now) {
+            return Admission::NotBefore(until - now);
+        }
+        if self.max_in_flight.is_some_and(|cap| self.in_flight >= cap) {
+            return Admission::InFlightFull;
+        }
+        match self.quotas.try_admit(cost, now) {
+            Ok(()) => {
+                self.in_flight += 1;
+                self.next_lease = self.next_lease.wrapping_add(1);
+                Admission::Admitted(LeaseId(self.next_lease))
+            }
+            Err(ready) => Admission::NotBefore(ready.saturating_duration_since(now)),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    type Scope = MemoryScope;
+
+    fn open(&self, _id: ScopeId, limits: &Limits) -> MemoryScope {
+        MemoryScope {
+            state: Mutex::new(State {
+                cooldown_until: None,
+                in_flight: 0,
+                max_in_flight: limits.max_in_flight,
+                capacity: limits.capacity(),
+                quotas: Quotas::new(limits),
+                next_lease: 0,
+            }),
+        }
+    }
+
+    fn admit(
+        &self,
+        scope: &MemoryScope,
+        cost: u32,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        ready(Ok(lock(&scope.state).admit(cost, Instant::now())))
+    }
+
+    fn release(&self, scope: &MemoryScope, _lease: LeaseId) {
+        let mut state = lock(&scope.state);
+        state.in_flight = state.in_flight.saturating_sub(1);
+    }
+
+    fn close_cooldown(
+        &self,
+        scope: &MemoryScope,
+        wait: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let now = Instant::now();
+        let until = now
+            .checked_add(wait)
+            .unwrap_or(now + super::sliding_window::MAX_SPAN);
+        let mut state = lock(&scope.state);
+        if state.cooldown_until.is_none_or(|u| u < until) {
+            state.cooldown_until = Some(until);
+        }
+        ready(Ok(()))
+    }
+
+    fn set_limits(
+        &self,
+        scope: &MemoryScope,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let mut state = lock(&scope.state);
+        state.max_in_flight = limits.max_in_flight;
+        state.capacity = limits.capacity();
+        state.quotas.resize(limits);
+        ready(Ok(()))
+    }
+
+    fn is_idle(&self, scope: &MemoryScope) -> bool {
+        let now = Instant::now();
+        let mut state = lock(&scope.state);
+        state.in_flight == 0
+            && state.cooldown_until.is_none_or(|u| u <= now)
+            && state.quotas.is_fresh(now)
+    }
+}

@@ -1,0 +1,211 @@
+//! The state a server counts, per scope, behind one trait: [`Store`].
+//!
+//! A store keeps, for each scope, what decides whether a request may go now: the shared
+//! cooldown, the leases of requests in flight, and the quotas (sliding windows and token
+//! buckets). The engine keeps everything else locally: the waiter queue, its order and its
+//! wake-ups. [`MemoryStore`] is the default; a store shared by several processes implements
+//! the same trait.
+//!
+//! Answers are durations ("not before 250 ms from now"), never local instants, so that a store
+//! with a clock of its own (a database server's) fits.
+
+mod memory;
+mod quotas;
+mod sliding_window;
+mod token_bucket;
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+pub use memory::{MemoryScope, MemoryStore};
+
+/// The most token buckets one scope may have.
+pub(crate) use quotas::MAX_TOKEN_BUCKETS;
+
+/// A scope's identity: a 128-bit keyed hash of what the scope is keyed on (an authority, a
+/// header value, a key a user function returned). The key itself never reaches a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopeId(u128);
+
+impl ScopeId {
+    /// A scope id from its 128 bits.
+    pub const fn from_u128(bits: u128) -> Self {
+        ScopeId(bits)
+    }
+
+    /// The id's 128 bits.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+/// One sliding-window quota: at most `limit` units in any window of length `window`; a send
+/// stays counted for `window + guard` (the guard absorbs network latency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WindowQuota {
+    /// Units (requests, or a request's [`Cost`](crate::Cost)) admitted per window.
+    pub limit: NonZeroU32,
+    /// The window's length.
+    pub window: Duration,
+    /// Extra time a send stays counted past its window.
+    pub guard: Duration,
+}
+
+impl WindowQuota {
+    /// At most `limit` units in any `window`, each send counted for `window + guard`.
+    pub const fn new(limit: NonZeroU32, window: Duration, guard: Duration) -> Self {
+        Self {
+            limit,
+            window,
+            guard,
+        }
+    }
+}
+
+/// The limits of one scope: what the configuration says, or (later) what was learned.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Requests in flight at once; `None`: no cap.
+    pub max_in_flight: Option<usize>,
+    /// Sliding-window quotas; every one must admit a request.
+    pub windows: Vec<WindowQuota>,
+    /// Token-bucket quotas (`governor`'s GCRA); every one must admit a request.
+    pub buckets: Vec<governor::Quota>,
+}
+
+impl Limits {
+    /// No limit at all.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// These limits with an in-flight cap of `n` requests (`None`: no cap).
+    pub fn with_max_in_flight(mut self, n: Option<usize>) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// These limits with one more sliding window.
+    pub fn with_window(mut self, window: WindowQuota) -> Self {
+        self.windows.push(window);
+        self
+    }
+
+    /// These limits with one more token bucket.
+    pub fn with_bucket(mut self, quota: governor::Quota) -> Self {
+        self.buckets.push(quota);
+        self
+    }
+
+    /// The largest cost every quota can ever admit (in units), or `None` with no quota.
+    pub fn capacity(&self) -> Option<u32> {
+        let w = self.windows.iter().map(|w| w.limit.get());
+        let b = self.buckets.iter().map(|q| q.burst_size().get());
+        w.chain(b).min()
+    }
+}
+
+/// A lease on an in-flight slot, named so that exactly that lease is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId(pub u64);
+
+/// A store's answer to one admission attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Admission {
+    /// Admitted: the quotas are charged and the lease is held until released.
+    Admitted(LeaseId),
+    /// Not now: the cooldown is closed or a quota is full; nothing was charged. Worth trying
+    /// again after this long.
+    NotBefore(Duration),
+    /// Every in-flight slot is leased; nothing was charged. Worth trying again when a lease is
+    /// released.
+    InFlightFull,
+    /// The cost is larger than a quota can ever admit (its limit or burst, in units): waiting
+    /// would never help.
+    CostTooLarge {
+        /// The most the smallest quota can admit at once, in units.
+        capacity: u32,
+    },
+}
+
+/// A store could not answer (a shared store's server unreachable, say).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rate-limit store unavailable: {message}")]
+pub struct StoreError {
+    message: String,
+}
+
+impl StoreError {
+    /// An error with this description.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// The state a server counts, per scope: the cooldown, in-flight leases and quotas, checked
+/// and charged all or nothing.
+///
+/// Implementations answer at once (no waiting inside: the engine waits), use their own clock,
+/// and answer in durations. Every future must be cancel safe: dropped before it completes, it
+/// has charged and leased nothing, or the store takes back what it took (a lease's expiry).
+/// The in-memory store's futures are ready at once.
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// The store's handle on one scope, kept by the engine while the scope lives.
+    type Scope: Send + Sync + std::fmt::Debug + 'static;
+
+    /// Opens the state of scope `id` with `limits`.
+    fn open(&self, id: ScopeId, limits: &Limits) -> Self::Scope;
+
+    /// One admission attempt for a request of `cost` units, all or nothing: the cooldown is
+    /// open, an in-flight slot is free (then leased), and every quota admits `cost` (then
+    /// charged); otherwise nothing changes.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot answer.
+    fn admit(
+        &self,
+        scope: &Self::Scope,
+        cost: u32,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
+
+    /// Releases `lease` (called once per admitted lease, from a destructor: must not block).
+    fn release(&self, scope: &Self::Scope, lease: LeaseId);
+
+    /// Closes the scope's cooldown for `wait` from now; a cooldown already closed for longer
+    /// stays as it is.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot answer.
+    fn close_cooldown(
+        &self,
+        scope: &Self::Scope,
+        wait: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Replaces the scope's limits. Leases already held stay held (a smaller in-flight cap
+    /// admits nothing until enough are released); sends already counted stay counted.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot answer.
+    fn set_limits(
+        &self,
+        scope: &Self::Scope,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether the scope's state is what a fresh scope's would be (no lease held, cooldown open,
+    /// every quota empty), so that forgetting it changes nothing.
+    fn is_idle(&self, scope: &Self::Scope) -> bool;
+
+    /// How often a waiter for an in-flight slot should try again when no release is seen
+    /// locally (leases held by other processes); `None` when every release is seen locally.
+    fn in_flight_poll(&self) -> Option<Duration> {
+        None
+    }
+}

@@ -1,0 +1,247 @@
+//! Quotas: what may be sent when. They answer "ready now" or "ready at T" and never sleep.
+//!
+//! Two kinds, named after what the server counts:
+//! - [`SlidingWindow`]: at most N in any window of length W, exact;
+//! - [`TokenBucket`]: `governor`'s GCRA with a rate and a burst.
+
+use std::num::NonZeroU32;
+
+use tokio::time::Instant;
+
+use super::sliding_window::SlidingWindow;
+use super::token_bucket::TokenBucket;
+use super::Limits;
+
+/// The most token buckets one scope may have (a bit each in [`Progress`]).
+pub(crate) const MAX_TOKEN_BUCKETS: usize = 64;
+
+/// Every quota of one scope; a request must be admitted by all of them.
+///
+/// Sliding windows are checked before anything is charged, so with at most one token bucket
+/// admission is all or nothing. governor cannot check a bucket without charging it, so with
+/// several buckets a request that waits on a later bucket has taken its cells from an earlier
+/// one: those cells are kept for the next attempt of the same cost (normally the same request
+/// trying again), and lost otherwise, which only ever slows admission.
+#[derive(Debug, Default)]
+pub(crate) struct Quotas {
+    windows: Vec<SlidingWindow>,
+    buckets: Vec<TokenBucket>,
+    /// Cells taken by an attempt that then had to wait, with its cost.
+    carried: Option<(u32, Progress)>,
+}
+
+/// Which token buckets one request has already taken its cells from, so that a request that
+/// waits on a later bucket does not take from an earlier one twice.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress(u64);
+
+impl Quotas {
+    /// The quotas `limits` describe, all empty.
+    pub(crate) fn new(limits: &Limits) -> Self {
+        debug_assert!(limits.buckets.len() <= MAX_TOKEN_BUCKETS);
+        Self {
+            windows: limits.windows.iter().map(SlidingWindow::new).collect(),
+            buckets: limits
+                .buckets
+                .iter()
+                .map(|&q| TokenBucket::new(q))
+                .collect(),
+            carried: None,
+        }
+    }
+
+    /// Takes `limits` and keeps what was counted: a window keeps its log under its new limit
+    /// and length; a bucket whose quota changed starts empty (governor's state cannot be
+    /// carried over; empty errs slow, never over). Added quotas start empty of sends.
+    pub(crate) fn resize(&mut self, limits: &Limits) {
+        self.windows.truncate(limits.windows.len());
+        for (i, w) in limits.windows.iter().enumerate() {
+            match self.windows.get_mut(i) {
+                Some(window) => window.resize(w),
+                None => self.windows.push(SlidingWindow::new(w)),
+            }
+        }
+        self.buckets.truncate(limits.buckets.len());
+        for (i, &q) in limits.buckets.iter().enumerate() {
+            match self.buckets.get_mut(i) {
+                Some(bucket) if bucket.quota() == q => {}
+                Some(bucket) => *bucket = TokenBucket::new_empty(q),
+                None => self.buckets.push(TokenBucket::new(q)),
+            }
+        }
+        self.carried = None;
+    }
+
+    /// Whether nothing is counted: every window empty, every bucket full, no cells carried.
+    pub(crate) fn is_fresh(&mut self, now: Instant) -> bool {
+        self.carried.is_none()
+            && self.windows.iter_mut().all(|w| w.used(now) == 0)
+            && self.buckets.iter().all(|b| b.is_full(now))
+    }
+
+    /// Admits `cost` units at `now` if every quota has room (`Ok`, charged), else returns the
+    /// earliest instant worth trying again. `cost` must be at most the smallest quota's
+    /// capacity.
+    pub(crate) fn try_admit(&mut self, cost: u32, now: Instant) -> Result<(), Instant> {
+        let Some(cells) = NonZeroU32::new(cost) else {
+            return Ok(());
+        };
+        let ready = self
+            .windows
+            .iter_mut()
+            .map(|w| w.ready_at(cost, now))
+            .max()
+            .unwrap_or(now);
+        if ready > now {
+            return Err(ready);
+        }
+        let mut progress = match self.carried.take() {
+            Some((c, progress)) if c == cost => progress,
+            _ => Progress::default(),
+        };
+        for (i, bucket) in self.buckets.iter_mut().enumerate() {
+            let bit = 1u64 << i;
+            if progress.0 & bit == 0 {
+                if let Err(ready) = bucket.try_take(cells, now) {
+                    if progress.0 != 0 {
+                        self.carried = Some((cost, progress));
+                    }
+                    return Err(ready);
+                }
+                progress.0 |= bit;
+            }
+        }
+        for w in &mut self.windows {
+            w.record(cost, now);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::WindowQuota;
+    use std::time::Duration;
+
+    fn nz(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).unwrap()
+    }
+
+    fn window(limit: u32, secs: u64) -> WindowQuota {
+        WindowQuota::new(nz(limit), Duration::from_secs(secs), Duration::ZERO)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_quota_must_admit() {
+        let limits = Limits::new()
+            .with_window(window(2, 10))
+            .with_bucket(governor::Quota::per_second(nz(1)));
+        let mut quotas = Quotas::new(&limits);
+        assert_eq!(limits.capacity(), Some(1));
+        let t0 = Instant::now();
+        assert_eq!(quotas.try_admit(1, t0), Ok(()));
+        // The bucket is empty for 1 s although the window has room.
+        assert_eq!(quotas.try_admit(1, t0), Err(t0 + Duration::from_secs(1)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let t1 = Instant::now();
+        assert_eq!(quotas.try_admit(1, t1), Ok(()));
+        // The window is now full until the first send leaves it, whatever the bucket says.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            quotas.try_admit(1, Instant::now()),
+            Err(t0 + Duration::from_secs(10))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_window_charges_no_bucket() {
+        let limits = Limits::new()
+            .with_window(window(1, 10))
+            .with_bucket(governor::Quota::per_second(nz(5)));
+        let mut quotas = Quotas::new(&limits);
+        let t0 = Instant::now();
+        assert_eq!(quotas.try_admit(1, t0), Ok(()));
+        for _ in 0..10 {
+            assert_eq!(quotas.try_admit(1, t0), Err(t0 + Duration::from_secs(10)));
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Had the refused attempts taken cells, the bucket (burst 5) would be empty now.
+        let mut quotas_bucket_only = quotas;
+        quotas_bucket_only.windows.clear();
+        for _ in 0..5 {
+            assert_eq!(quotas_bucket_only.try_admit(1, Instant::now()), Ok(()));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cells_taken_by_a_waiting_attempt_are_kept_for_its_next_try() {
+        let limits = Limits::new()
+            .with_bucket(governor::Quota::per_minute(nz(4)))
+            .with_bucket(governor::Quota::per_minute(nz(2)));
+        let mut quotas = Quotas::new(&limits);
+        let now = Instant::now();
+        assert_eq!(quotas.try_admit(2, now), Ok(()));
+        // Takes a cell of the first bucket, then waits on the second: the cell is kept.
+        assert!(quotas.try_admit(1, now).is_err());
+        assert_eq!(quotas.carried.map(|(c, p)| (c, p.0)), Some((1, 1)));
+        // An attempt of another cost cannot use it: it is dropped (and that attempt, short
+        // of cells in the first bucket, takes nothing).
+        assert!(quotas.try_admit(2, now).is_err());
+        assert!(quotas.carried.is_none());
+        assert!(quotas.try_admit(1, now).is_err());
+        tokio::time::advance(Duration::from_secs(30)).await;
+        // The second bucket has a cell again; the first is not taken a second time.
+        assert_eq!(quotas.try_admit(1, Instant::now()), Ok(()));
+        assert!(quotas.carried.is_none());
+        quotas.buckets.truncate(1);
+        assert_eq!(quotas.try_admit(2, Instant::now()), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resize_keeps_the_window_log_and_empties_a_changed_bucket() {
+        let limits = Limits::new()
+            .with_window(window(3, 10))
+            .with_bucket(governor::Quota::per_second(nz(10)));
+        let mut quotas = Quotas::new(&limits);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(quotas.try_admit(1, t0), Ok(()));
+        }
+        // Shrunk to 2: the 3 sends already counted keep it full until they leave.
+        let smaller = Limits::new()
+            .with_window(window(2, 10))
+            .with_bucket(governor::Quota::per_second(nz(10)));
+        quotas.resize(&smaller);
+        assert_eq!(quotas.try_admit(1, t0), Err(t0 + Duration::from_secs(10)));
+        // Grown to 5: two more fit at once.
+        let larger = Limits::new()
+            .with_window(window(5, 10))
+            .with_bucket(governor::Quota::per_second(nz(20)));
+        quotas.resize(&larger);
+        tokio::time::advance(Duration::from_millis(50)).await;
+        let t1 = Instant::now();
+        // The changed bucket starts empty: one cell every 50 ms at 20 per second.
+        assert_eq!(quotas.try_admit(1, t1), Ok(()));
+        assert_eq!(quotas.try_admit(1, t1), Err(t1 + Duration::from_millis(50)));
+        assert!(!quotas.is_fresh(t1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fresh_again_once_every_quota_has_refilled() {
+        let limits = Limits::new()
+            .with_window(window(2, 10))
+            .with_bucket(governor::Quota::per_second(nz(2)));
+        let mut quotas = Quotas::new(&limits);
+        assert!(quotas.is_fresh(Instant::now()));
+        assert_eq!(quotas.try_admit(1, Instant::now()), Ok(()));
+        assert!(!quotas.is_fresh(Instant::now()));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(
+            !quotas.is_fresh(Instant::now()),
+            "the window still counts the send"
+        );
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(quotas.is_fresh(Instant::now()));
+    }
+}
