@@ -6,9 +6,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The longest time a send stays counted: 100 years.
-pub(crate) const MAX_SPAN: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-
 /// At most `limit` units sent in any window of length `window`, counted exactly.
 ///
 /// Keeps a log of recent sends (instant and units). A send of `cost` units is admitted now if the
@@ -27,12 +24,12 @@ pub(crate) struct SlidingWindow {
 }
 
 impl SlidingWindow {
-    /// `window + guard` is the time a send stays counted, at most [`MAX_SPAN`] (100 years:
+    /// `window + guard` is the time a send stays counted, at most [`FAR_FUTURE`](crate::clock::FAR_FUTURE) (100 years:
     /// a longer window, such as `Duration::MAX`, means "ever" just as well).
     pub(crate) fn new(limit: NonZeroU32, window: Duration, guard: Duration) -> Self {
         Self {
             limit,
-            span: window.saturating_add(guard).min(MAX_SPAN),
+            span: window.saturating_add(guard).min(crate::clock::FAR_FUTURE),
             log: VecDeque::new(),
             used: 0,
         }
