@@ -24,20 +24,20 @@ pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
 ///
 /// Clones share one origin, so their readings compare.
 #[derive(Debug, Clone, Copy)]
-pub struct TokioClock {
+pub(crate) struct TokioClock {
     origin: Instant,
 }
 
 impl TokioClock {
     /// A clock whose zero is now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             origin: Instant::now(),
         }
     }
 
     /// The tokio instant a reading of this clock stands for.
-    pub fn instant_of(&self, reading: Nanos) -> Instant {
+    pub(crate) fn instant_of(&self, reading: Nanos) -> Instant {
         self.origin + reading.into()
     }
 }

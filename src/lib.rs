@@ -42,7 +42,7 @@
 
 mod body;
 mod builder;
-pub mod clock;
+mod clock;
 mod error;
 mod extensions;
 pub mod headers;
@@ -60,6 +60,8 @@ pub use builder::{
 };
 pub use error::{BuildError, ThrottleError};
 pub use extensions::{Cost, Deadline, NoRetry, ThrottleInfo};
+pub use headers::{Allowance, Hints, LimitKind};
+pub use policy::StopReason;
 pub use throttle::{Permit, Stats, Throttle};
 
 /// The README's examples, compiled as doctests so that they cannot rot.

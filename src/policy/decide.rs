@@ -293,7 +293,7 @@ impl RetryPolicy {
 ///   reset (proactive pausing). The parser already drops a `remaining` above its `limit`.
 ///
 /// A `Retry-After` on a success does not close it.
-pub fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
+pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
     let refused = if status == StatusCode::TOO_MANY_REQUESTS {
         match hints.limit_kind {
             Some(LimitKind::Requests | LimitKind::Tokens) => {
