@@ -331,12 +331,10 @@ impl RetryPolicy {
                 }
             }
             // A window limit clears at its reset: wait for it, jitter on top.
-            Some(LimitKind::Requests | LimitKind::Tokens) => {
-                match hints.reset_after.or(hints.retry_after) {
-                    Some(d) => server_wait(d, rng),
-                    None => self.unhinted(facts, rng),
-                }
-            }
+            Some(LimitKind::Requests | LimitKind::Tokens) => match window_wait(hints) {
+                Some(d) => server_wait(d, rng),
+                None => self.unhinted(facts, rng),
+            },
             // Unknown type: `Retry-After` is the least wait, then the reset time.
             Some(LimitKind::Other) | None => match hints.retry_after.or(hints.reset_after) {
                 Some(d) => server_wait(d, rng),
@@ -354,6 +352,14 @@ impl RetryPolicy {
     }
 }
 
+/// The wait until an exceeded window limit (requests or tokens per window) clears.
+///
+/// The gateway's `reset_at` ([`Hints::reset_after`]) is the real reset, so it comes first; its
+/// `Retry-After` is the window's length, an upper bound on the reset, used only without one.
+fn window_wait(hints: &Hints) -> Option<Duration> {
+    hints.reset_after.or(hints.retry_after)
+}
+
 /// How long every caller sharing the throttle should hold off after this answer, if at all
 /// (the shared cooldown), bounded by `max_wait`:
 /// - a window-type 429 (or a 429 with a reset time and no known type): until the reset;
@@ -364,9 +370,7 @@ impl RetryPolicy {
 pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
     let refused = if status == StatusCode::TOO_MANY_REQUESTS {
         match hints.limit_kind {
-            Some(LimitKind::Requests | LimitKind::Tokens) => {
-                hints.reset_after.or(hints.retry_after)
-            }
+            Some(LimitKind::Requests | LimitKind::Tokens) => window_wait(hints),
             Some(LimitKind::Concurrency) => None,
             Some(LimitKind::Other) | None => hints.reset_after,
         }
