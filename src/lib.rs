@@ -53,6 +53,7 @@ mod quota;
 #[cfg(feature = "test-util")]
 pub mod testing;
 mod throttle;
+mod transport;
 
 pub use builder::{
     ThrottleBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_MAX_RETRIES,
