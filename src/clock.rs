@@ -1,21 +1,22 @@
 //! The one time source: `tokio::time`, so that tests with paused time drive every wait.
 //!
 //! [`TokioClock`] adapts it for `governor`, whose own waiting uses a timer that paused
-//! tokio time does not move.
+//! tokio time does not move. [`FAR_FUTURE`] and [`instant_after`] are the one rule for times
+//! too far away to matter.
+
+use std::time::Duration;
 
 use governor::clock::{Clock, Reference};
 use governor::nanos::Nanos;
 use tokio::time::Instant;
 
-/// The farthest any wait or deadline reaches: 100 years. A longer duration (such as
-/// `Duration::MAX`) means "never" just as well, and adding it to a clock reading could
-/// overflow.
-pub(crate) const FAR_FUTURE: std::time::Duration =
-    std::time::Duration::from_secs(100 * 365 * 24 * 60 * 60);
+/// The farthest any instant the crate computes lies from now: 100 years (of 365 days).
+/// A longer duration (up to `Duration::MAX`) means "never" just as well, and adding it to an
+/// instant could overflow.
+pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
-/// `now + d`, saturating at `now +` [`FAR_FUTURE`]: the one overflow rule for waits and
-/// deadlines.
-pub(crate) fn instant_after(now: Instant, d: std::time::Duration) -> Instant {
+/// The instant `d` after `now`, at most [`FAR_FUTURE`] after it (so it never overflows).
+pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
     now + d.min(FAR_FUTURE)
 }
 
@@ -23,20 +24,20 @@ pub(crate) fn instant_after(now: Instant, d: std::time::Duration) -> Instant {
 ///
 /// Clones share one origin, so their readings compare.
 #[derive(Debug, Clone, Copy)]
-pub struct TokioClock {
+pub(crate) struct TokioClock {
     origin: Instant,
 }
 
 impl TokioClock {
     /// A clock whose zero is now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             origin: Instant::now(),
         }
     }
 
     /// The tokio instant a reading of this clock stands for.
-    pub fn instant_of(&self, reading: Nanos) -> Instant {
+    pub(crate) fn instant_of(&self, reading: Nanos) -> Instant {
         self.origin + reading.into()
     }
 }
@@ -65,7 +66,6 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
     async fn follows_paused_tokio_time() {
@@ -81,5 +81,15 @@ mod tests {
             clock.instant_of(t1),
             clock.origin + Duration::from_millis(1500)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn instant_after_saturates_at_far_future() {
+        let now = Instant::now();
+        let s = Duration::from_secs(1);
+        assert_eq!(instant_after(now, s), now + s);
+        assert_eq!(instant_after(now, FAR_FUTURE), now + FAR_FUTURE);
+        assert_eq!(instant_after(now, FAR_FUTURE + s), now + FAR_FUTURE);
+        assert_eq!(instant_after(now, Duration::MAX), now + FAR_FUTURE);
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::clock::instant_after;
 use crate::headers::Hints;
 use crate::policy::StopReason;
 
@@ -67,12 +68,10 @@ pub struct NoRetry;
 pub struct Deadline(pub tokio::time::Instant);
 
 impl Deadline {
-    /// A deadline `d` from now (by the tokio clock). A `d` too large to add to the clock
-    /// (e.g. `Duration::MAX`) gives a deadline 100 years away.
+    /// A deadline `d` from now (by the tokio clock). A `d` longer than 100 years (e.g.
+    /// `Duration::MAX`) gives a deadline 100 years away.
     pub fn after(d: Duration) -> Self {
-        const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-        let now = tokio::time::Instant::now();
-        Deadline(now.checked_add(d).unwrap_or(now + FAR))
+        Deadline(instant_after(tokio::time::Instant::now(), d))
     }
 }
 

@@ -42,7 +42,7 @@
 
 mod body;
 mod builder;
-pub mod clock;
+mod clock;
 mod engine;
 mod error;
 mod extensions;
@@ -54,6 +54,7 @@ mod sync;
 #[cfg(feature = "test-util")]
 pub mod testing;
 mod throttle;
+mod transport;
 
 pub use builder::{
     ThrottleBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_MAX_RETRIES,
@@ -63,6 +64,8 @@ pub use builder::{
 pub use engine::Scope;
 pub use error::{BuildError, ThrottleError};
 pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
+pub use headers::{Allowance, Hints, LimitKind};
+pub use policy::StopReason;
 pub use throttle::{Permit, ScopeStats, Stats, Throttle};
 
 /// The README's examples, compiled as doctests so that they cannot rot.

@@ -22,6 +22,7 @@ use crate::policy::{
 };
 use crate::sync::lock;
 use crate::throttle::{DefaultStore, Inner, Throttle};
+use crate::transport::is_transient;
 
 #[async_trait::async_trait]
 impl Middleware for Throttle {
@@ -56,32 +57,6 @@ fn ensure_idempotency_key(req: &mut Request, name: &http::HeaderName) {
             req.headers_mut().insert(name.clone(), value);
         }
     }
-}
-
-/// Whether a transport error may clear on a later attempt: a timeout, a connection refused,
-/// reset or closed early, a body cut off. Not: a bad URL or scheme, a TLS backend that is not
-/// compiled in (a connect error with no I/O cause), an invalid certificate or input (I/O errors
-/// of kind `InvalidData`, `InvalidInput`, `Unsupported`, `PermissionDenied`), or an error of
-/// another middleware.
-fn is_transient(err: &Error) -> bool {
-    let Error::Reqwest(e) = err else {
-        return false;
-    };
-    if e.is_timeout() {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            return !matches!(
-                io.kind(),
-                InvalidData | InvalidInput | Unsupported | PermissionDenied
-            );
-        }
-        source = cause.source();
-    }
-    !e.is_connect() && (e.is_request() || e.is_body())
 }
 
 /// One call through the throttle: what is known of the request, and what happened so far.

@@ -1,16 +1,10 @@
 //! The LLM gateway's 429 headers: `rate_limit_type` and `reset_at`.
 //!
 //! `rate_limit_type` names the limit that was exceeded. It is matched ASCII
-//! case-insensitively after turning `-` and spaces into `_`, against these lists:
-//!
-//! | spelling | kind |
-//! | --- | --- |
-//! | `parallel_requests`, `parallel`, `concurrent`, `concurrency`, `concurrent_requests`, `max_concurrent_requests` | [`LimitKind::Concurrency`] |
-//! | `requests_per_minute`, `requests_per_second`, `requests_per_hour`, `requests_per_day`, `requests`, `rpm`, `rps`, `rpd` | [`LimitKind::Requests`] |
-//! | `tokens_per_minute`, `tokens_per_day`, `tokens`, `tpm`, `tpd`, `input_tokens`, `output_tokens`, `input_tokens_per_minute`, `output_tokens_per_minute` | [`LimitKind::Tokens`] |
-//! | any other non-empty visible-ASCII value | [`LimitKind::Other`] |
-//!
-//! An empty value gives `None`.
+//! case-insensitively after turning `-` and spaces into `_`, against [`SPELLINGS`];
+//! any other non-empty visible-ASCII value is [`LimitKind::Other`], an empty value gives
+//! `None`. The module docs of [`headers`](super) show the same table, checked against
+//! [`SPELLINGS`] by a test.
 //!
 //! `reset_at` is an absolute time: RFC 3339 (`2025-01-20T10:30:00Z`), or a decimal
 //! Unix epoch number. Epoch numbers below [`EPOCH_MILLIS_THRESHOLD`] are seconds,
@@ -29,6 +23,34 @@ use super::{clock, field, number, LimitKind};
 /// whichever unit the server picked.
 pub const EPOCH_MILLIS_THRESHOLD: u64 = 100_000_000_000;
 
+/// Every `rate_limit_type` spelling recognised, in the normalized form matched (lowercase,
+/// `_` for `-` and spaces), with the kind it names; in the order of the module docs' table.
+const SPELLINGS: &[(&str, LimitKind)] = &[
+    ("parallel_requests", LimitKind::Concurrency),
+    ("parallel", LimitKind::Concurrency),
+    ("concurrent", LimitKind::Concurrency),
+    ("concurrency", LimitKind::Concurrency),
+    ("concurrent_requests", LimitKind::Concurrency),
+    ("max_concurrent_requests", LimitKind::Concurrency),
+    ("requests_per_minute", LimitKind::Requests),
+    ("requests_per_second", LimitKind::Requests),
+    ("requests_per_hour", LimitKind::Requests),
+    ("requests_per_day", LimitKind::Requests),
+    ("requests", LimitKind::Requests),
+    ("rpm", LimitKind::Requests),
+    ("rps", LimitKind::Requests),
+    ("rpd", LimitKind::Requests),
+    ("tokens_per_minute", LimitKind::Tokens),
+    ("tokens_per_day", LimitKind::Tokens),
+    ("tokens", LimitKind::Tokens),
+    ("tpm", LimitKind::Tokens),
+    ("tpd", LimitKind::Tokens),
+    ("input_tokens", LimitKind::Tokens),
+    ("output_tokens", LimitKind::Tokens),
+    ("input_tokens_per_minute", LimitKind::Tokens),
+    ("output_tokens_per_minute", LimitKind::Tokens),
+];
+
 /// The kind of limit named by `rate_limit_type`.
 pub(super) fn limit_kind(headers: &HeaderMap) -> Option<LimitKind> {
     field::single(headers, "rate_limit_type").and_then(kind)
@@ -45,32 +67,8 @@ fn kind(value: &str) -> Option<LimitKind> {
             c => c.to_ascii_lowercase(),
         })
         .collect();
-    Some(match name.as_str() {
-        "parallel_requests"
-        | "parallel"
-        | "concurrent"
-        | "concurrency"
-        | "concurrent_requests"
-        | "max_concurrent_requests" => LimitKind::Concurrency,
-        "requests_per_minute"
-        | "requests_per_second"
-        | "requests_per_hour"
-        | "requests_per_day"
-        | "requests"
-        | "rpm"
-        | "rps"
-        | "rpd" => LimitKind::Requests,
-        "tokens_per_minute"
-        | "tokens_per_day"
-        | "tokens"
-        | "tpm"
-        | "tpd"
-        | "input_tokens"
-        | "output_tokens"
-        | "input_tokens_per_minute"
-        | "output_tokens_per_minute" => LimitKind::Tokens,
-        _ => LimitKind::Other,
-    })
+    let known = SPELLINGS.iter().find(|(spelling, _)| *spelling == name);
+    Some(known.map_or(LimitKind::Other, |&(_, kind)| kind))
 }
 
 /// Time until `reset_at`, relative to `now`.
@@ -99,26 +97,54 @@ mod tests {
     use crate::headers::test_support::{map, now};
     use crate::headers::MAX_HINT_DELAY;
 
+    fn kind_of(value: &[u8]) -> Option<LimitKind> {
+        limit_kind(&map(&[("rate_limit_type", value)]))
+    }
+
     #[test]
-    fn limit_kinds() {
+    fn every_spelling_is_recognised_in_any_case_with_dashes_or_spaces() {
+        for (i, &(spelling, want)) in SPELLINGS.iter().enumerate() {
+            assert!(
+                SPELLINGS[..i].iter().all(|(s, _)| *s != spelling),
+                "{spelling} is listed twice"
+            );
+            let dashed = spelling.to_ascii_uppercase().replace('_', "-");
+            let spaced = format!(" {} ", spelling.replace('_', " "));
+            for value in [spelling, &dashed, &spaced] {
+                assert_eq!(kind_of(value.as_bytes()), Some(want), "{value:?}");
+            }
+        }
+    }
+
+    /// The spellings table in the `headers` module docs lists exactly [`SPELLINGS`], in order.
+    #[test]
+    fn the_module_docs_list_the_spellings() {
+        let mut documented = Vec::new();
+        for row in include_str!("mod.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("//! | `"))
+        {
+            let (spellings, kind) = row
+                .split_once(" | [`LimitKind::")
+                .unwrap_or_else(|| panic!("a spellings row without a kind: {row}"));
+            let kind = match kind.split('`').next() {
+                Some("Concurrency") => LimitKind::Concurrency,
+                Some("Requests") => LimitKind::Requests,
+                Some("Tokens") => LimitKind::Tokens,
+                other => panic!("unknown kind {other:?} in {row}"),
+            };
+            for spelling in format!("`{spellings}").split(", ") {
+                documented.push((spelling.trim_matches('`').to_owned(), kind));
+            }
+        }
+        let table: Vec<_> = SPELLINGS.iter().map(|&(s, k)| (s.to_owned(), k)).collect();
+        assert_eq!(documented, table);
+    }
+
+    #[test]
+    fn limit_kinds_outside_the_table() {
         use LimitKind::*;
         let cases: &[(&[u8], Option<LimitKind>)] = &[
-            (b"parallel_requests", Some(Concurrency)),
-            (b"PARALLEL", Some(Concurrency)),
-            (b"concurrent", Some(Concurrency)),
-            (b"Concurrency", Some(Concurrency)),
-            (b"concurrent-requests", Some(Concurrency)),
-            (b"requests_per_minute", Some(Requests)),
-            (b" rpm ", Some(Requests)),
-            (b"RPS", Some(Requests)),
-            (b"requests", Some(Requests)),
-            (b"requests_per_second", Some(Requests)),
-            (b"requests_per_day", Some(Requests)),
-            (b"tokens_per_minute", Some(Tokens)),
-            (b"tpm", Some(Tokens)),
-            (b"tokens", Some(Tokens)),
-            (b"input_tokens", Some(Tokens)),
-            (b"Output-Tokens", Some(Tokens)),
             (b"budget", Some(Other)),
             (b"requests per fortnight", Some(Other)),
             (b"parallel_requests_x", Some(Other)),
@@ -127,9 +153,8 @@ mod tests {
             (b"tok\xe9ns", None),
         ];
         for (value, want) in cases {
-            let h = map(&[("rate_limit_type", value)]);
             assert_eq!(
-                limit_kind(&h),
+                kind_of(value),
                 *want,
                 "{:?}",
                 String::from_utf8_lossy(value)

@@ -6,14 +6,24 @@ use rand::Rng;
 
 /// Capped exponential backoff: `base`, `2 × base`, `4 × base`, … never above `cap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Backoff {
-    /// The first delay.
+    /// The first delay (before retry 0).
     pub base: Duration,
     /// The largest delay, applied after jitter.
     pub cap: Duration,
 }
 
 impl Backoff {
+    /// A backoff whose first delay is `base`, doubling each retry, never above `cap`.
+    ///
+    /// Taken as given, without checks ([`ThrottleBuilder::build`](crate::ThrottleBuilder::build)
+    /// refuses a zero `base` or a `base` above `cap`): here a zero `base` gives zero delays,
+    /// and a `base` above `cap` gives `cap` every time.
+    pub const fn new(base: Duration, cap: Duration) -> Self {
+        Backoff { base, cap }
+    }
+
     /// The delay before retry number `retry` (0 for the first retry): `base × 2^retry`,
     /// saturating, at most `cap`. No jitter.
     pub fn delay(&self, retry: u32) -> Duration {
@@ -24,6 +34,7 @@ impl Backoff {
 
 /// How waits are spread so that callers refused together do not come back together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Jitter {
     /// Waits are exactly as computed.
     Off,
@@ -78,10 +89,7 @@ mod tests {
 
     #[test]
     fn doubles_from_base_up_to_cap() {
-        let b = Backoff {
-            base: S,
-            cap: 60 * S,
-        };
+        let b = Backoff::new(S, 60 * S);
         let delays: Vec<_> = (0..8).map(|r| b.delay(r)).collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60].map(|s| s * S).to_vec());
         assert_eq!(b.delay(u32::MAX), 60 * S);
@@ -105,7 +113,7 @@ mod tests {
     proptest! {
         #[test]
         fn spread_stays_within_half_and_whole(ms in 0u64..10_000_000, seed: u64, retry in 0u32..40) {
-            let b = Backoff { base: Duration::from_millis(ms.max(1)), cap: Duration::from_millis(ms.max(1) * 3) };
+            let b = Backoff::new(Duration::from_millis(ms.max(1)), Duration::from_millis(ms.max(1) * 3));
             let d = b.delay(retry);
             let j = Jitter::On.spread(d, &mut SmallRng::seed_from_u64(seed));
             prop_assert!(j <= b.cap);

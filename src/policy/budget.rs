@@ -51,7 +51,7 @@ struct Slice {
 /// The running account of a [`RetryBudget`]: requests and retries in the last window, counted
 /// in ten slices (so the window slides in steps of a tenth).
 #[derive(Debug)]
-pub struct BudgetLedger {
+pub(crate) struct BudgetLedger {
     budget: RetryBudget,
     origin: Instant,
     slice: Duration,
@@ -60,7 +60,7 @@ pub struct BudgetLedger {
 
 impl BudgetLedger {
     /// An empty account of `budget`, counting from `origin`.
-    pub fn new(budget: RetryBudget, origin: Instant) -> Self {
+    pub(crate) fn new(budget: RetryBudget, origin: Instant) -> Self {
         let slice = (budget.window / SLICES).max(Duration::from_millis(1));
         Self {
             budget,
@@ -94,12 +94,12 @@ impl BudgetLedger {
     }
 
     /// Counts one request (a first attempt) at `now`.
-    pub fn record_request(&mut self, now: Instant) {
+    pub(crate) fn record_request(&mut self, now: Instant) {
         self.current(now).requests += 1;
     }
 
     /// Takes one retry from the budget at `now` if it has room, and says whether it had.
-    pub fn try_retry(&mut self, now: Instant) -> bool {
+    pub(crate) fn try_retry(&mut self, now: Instant) -> bool {
         self.current(now);
         let (requests, retries) = self
             .slices

@@ -26,6 +26,7 @@ const OVERLOADED: u16 = 529;
 
 /// How retries are decided: attempts, backoff, jitter, and the longest server wait honoured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Retries after the first attempt (so `max_retries + 1` attempts at most).
     pub max_retries: u32,
@@ -37,8 +38,31 @@ pub struct RetryPolicy {
     pub max_server_wait: Duration,
 }
 
+impl RetryPolicy {
+    /// A policy allowing `max_retries` retries after the first attempt, with `backoff` when the
+    /// server gives no usable hint, `jitter` on every wait, and `max_server_wait` as the
+    /// longest wait a server may ask for that is slept.
+    ///
+    /// Taken as given, without checks (a [`Throttle`](crate::Throttle) gets one checked by
+    /// [`ThrottleBuilder::build`](crate::ThrottleBuilder::build)).
+    pub const fn new(
+        max_retries: u32,
+        backoff: Backoff,
+        jitter: Jitter,
+        max_server_wait: Duration,
+    ) -> Self {
+        RetryPolicy {
+            max_retries,
+            backoff,
+            jitter,
+            max_server_wait,
+        }
+    }
+}
+
 /// What one attempt produced.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum Outcome<'a> {
     /// The server answered.
     Response {
@@ -60,6 +84,7 @@ pub enum Outcome<'a> {
 
 /// What is known of the request being decided on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RequestFacts {
     /// Retries already made for this request (0 after the first attempt).
     pub retries: u32,
@@ -72,8 +97,28 @@ pub struct RequestFacts {
     pub retry_allowed: bool,
 }
 
+impl RequestFacts {
+    /// The facts of a request after `retries` retries (0 after its first attempt): whether it
+    /// is `resend_safe` after it may have run, whether its body is `cloneable` so a copy can
+    /// be kept for a retry, and whether `retry_allowed` (`false` when the caller opted out).
+    pub const fn new(
+        retries: u32,
+        resend_safe: bool,
+        cloneable: bool,
+        retry_allowed: bool,
+    ) -> Self {
+        RequestFacts {
+            retries,
+            resend_safe,
+            cloneable,
+            retry_allowed,
+        }
+    }
+}
+
 /// The decision for one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Decision {
     /// Return the answer: it is not one that asks for a retry.
     Accept,
@@ -134,6 +179,29 @@ struct Wait {
 
 impl RetryPolicy {
     /// Decides what to do with `outcome`. `rng` draws the jitter.
+    ///
+    /// # Example
+    /// ```
+    /// use std::time::Duration;
+    /// use rand::{rngs::SmallRng, SeedableRng};
+    /// use reqwest_throttle::policy::{Backoff, Decision, Jitter, Outcome, RequestFacts, RetryPolicy};
+    /// use reqwest_throttle::Hints;
+    ///
+    /// let s = Duration::from_secs(1);
+    /// let policy = RetryPolicy::new(6, Backoff::new(s, 60 * s), Jitter::Off, 120 * s);
+    /// // A POST after its first attempt, with a body that can be sent again.
+    /// let facts = RequestFacts::new(0, false, true, true);
+    /// let mut hints = Hints::default();
+    /// hints.retry_after = Some(2 * s);
+    /// let outcome = Outcome::Response {
+    ///     status: http::StatusCode::TOO_MANY_REQUESTS,
+    ///     hints: &hints,
+    ///     codes: &[],
+    /// };
+    /// let decision = policy.decide(&facts, outcome, &mut SmallRng::seed_from_u64(1));
+    /// // A 429 never ran, so even a POST is sent again, after the server's wait.
+    /// assert_eq!(decision, Decision::Retry { after: 2 * s, may_have_run: false });
+    /// ```
     pub fn decide(
         &self,
         facts: &RequestFacts,
@@ -263,12 +331,10 @@ impl RetryPolicy {
                 }
             }
             // A window limit clears at its reset: wait for it, jitter on top.
-            Some(LimitKind::Requests | LimitKind::Tokens) => {
-                match hints.reset_after.or(hints.retry_after) {
-                    Some(d) => server_wait(d, rng),
-                    None => self.unhinted(facts, rng),
-                }
-            }
+            Some(LimitKind::Requests | LimitKind::Tokens) => match window_wait(hints) {
+                Some(d) => server_wait(d, rng),
+                None => self.unhinted(facts, rng),
+            },
             // Unknown type: `Retry-After` is the least wait, then the reset time.
             Some(LimitKind::Other) | None => match hints.retry_after.or(hints.reset_after) {
                 Some(d) => server_wait(d, rng),
@@ -286,6 +352,14 @@ impl RetryPolicy {
     }
 }
 
+/// The wait until an exceeded window limit (requests or tokens per window) clears.
+///
+/// The gateway's `reset_at` ([`Hints::reset_after`]) is the real reset, so it comes first; its
+/// `Retry-After` is the window's length, an upper bound on the reset, used only without one.
+fn window_wait(hints: &Hints) -> Option<Duration> {
+    hints.reset_after.or(hints.retry_after)
+}
+
 /// How long every caller sharing the throttle should hold off after this answer, if at all
 /// (the shared cooldown), bounded by `max_wait`:
 /// - a window-type 429 (or a 429 with a reset time and no known type): until the reset;
@@ -293,12 +367,10 @@ impl RetryPolicy {
 ///   reset (proactive pausing). The parser already drops a `remaining` above its `limit`.
 ///
 /// A `Retry-After` on a success does not close it.
-pub fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
+pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
     let refused = if status == StatusCode::TOO_MANY_REQUESTS {
         match hints.limit_kind {
-            Some(LimitKind::Requests | LimitKind::Tokens) => {
-                hints.reset_after.or(hints.retry_after)
-            }
+            Some(LimitKind::Requests | LimitKind::Tokens) => window_wait(hints),
             Some(LimitKind::Concurrency) => None,
             Some(LimitKind::Other) | None => hints.reset_after,
         }
@@ -322,24 +394,11 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn policy(jitter: Jitter) -> RetryPolicy {
-        RetryPolicy {
-            max_retries: 6,
-            backoff: Backoff {
-                base: S,
-                cap: 60 * S,
-            },
-            jitter,
-            max_server_wait: 120 * S,
-        }
+        RetryPolicy::new(6, Backoff::new(S, 60 * S), jitter, 120 * S)
     }
 
     fn facts(retries: u32) -> RequestFacts {
-        RequestFacts {
-            retries,
-            resend_safe: false,
-            cloneable: true,
-            retry_allowed: true,
-        }
+        RequestFacts::new(retries, false, true, true)
     }
 
     fn hints(kind: Option<LimitKind>, retry_after: Option<u64>, reset: Option<u64>) -> Hints {

@@ -9,6 +9,8 @@ mod decide;
 mod resend;
 
 pub use backoff::{Backoff, Jitter, MAX_ADDED_JITTER};
-pub use budget::{BudgetLedger, RetryBudget};
-pub use decide::{cooldown, Decision, Outcome, RequestFacts, RetryPolicy, StopReason};
+pub(crate) use budget::BudgetLedger;
+pub use budget::RetryBudget;
+pub(crate) use decide::cooldown;
+pub use decide::{Decision, Outcome, RequestFacts, RetryPolicy, StopReason};
 pub use resend::{has_idempotency_key, is_idempotent, may_resend_after_failure};

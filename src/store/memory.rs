@@ -91,10 +91,7 @@ impl Store for MemoryStore {
         scope: &MemoryScope,
         wait: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let now = Instant::now();
-        let until = now
-            .checked_add(wait)
-            .unwrap_or(now + super::sliding_window::MAX_SPAN);
+        let until = crate::clock::instant_after(Instant::now(), wait);
         let mut state = lock(&scope.state);
         if state.cooldown_until.is_none_or(|u| u < until) {
             state.cooldown_until = Some(until);

@@ -8,9 +8,6 @@ use tokio::time::Instant;
 
 use super::WindowQuota;
 
-/// The longest time a send stays counted: 100 years.
-pub(crate) const MAX_SPAN: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-
 /// At most `limit` units sent in any window of length `window`, counted exactly.
 ///
 /// Keeps a log of recent sends (instant and units). A send of `cost` units is admitted now if the
@@ -29,7 +26,7 @@ pub(crate) struct SlidingWindow {
 }
 
 impl SlidingWindow {
-    /// `window + guard` is the time a send stays counted, at most [`MAX_SPAN`] (100 years:
+    /// `window + guard` is the time a send stays counted, at most [`FAR_FUTURE`](crate::clock::FAR_FUTURE) (100 years:
     /// a longer window, such as `Duration::MAX`, means "ever" just as well).
     pub(crate) fn new(quota: &WindowQuota) -> Self {
         Self {
@@ -41,7 +38,10 @@ impl SlidingWindow {
     }
 
     fn span(quota: &WindowQuota) -> Duration {
-        quota.window.saturating_add(quota.guard).min(MAX_SPAN)
+        quota
+            .window
+            .saturating_add(quota.guard)
+            .min(crate::clock::FAR_FUTURE)
     }
 
     /// Takes a new limit and length, keeping every send counted: a smaller limit admits
