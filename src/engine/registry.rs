@@ -44,6 +44,9 @@ struct Map<S: Store> {
     /// Shared by new scopes while the map is full of busy ones.
     overflow: Option<Arc<Slot<S>>>,
     next_sweep: Instant,
+    /// New keys to send to the overflow scope before the next full sweep: a full map of busy
+    /// scopes is swept once per `max_scopes / 16` new keys, not for every one.
+    overflow_credit: usize,
 }
 
 /// How many scopes a throttle keeps, and for how long.
@@ -81,6 +84,7 @@ impl<S: Store> Registry<S> {
                 slots: HashMap::default(),
                 overflow: None,
                 next_sweep: now + bounds.idle_ttl / 2,
+                overflow_credit: 0,
             }),
         }
     }
@@ -113,14 +117,19 @@ impl<S: Store> Registry<S> {
             slot.touch(now);
             return slot.clone();
         }
-        if map.slots.len() >= self.bounds.max_scopes {
+        let max = self.bounds.max_scopes;
+        if map.slots.len() >= max && map.overflow_credit == 0 {
             self.sweep(&mut map, now, true);
+            if map.slots.len() >= max {
+                map.overflow_credit = (max / 16).max(1);
+                tracing::warn!(
+                    max_scopes = max,
+                    "every scope is busy: new scopes share the overflow scope"
+                );
+            }
         }
-        if map.slots.len() >= self.bounds.max_scopes {
-            tracing::warn!(
-                max_scopes = self.bounds.max_scopes,
-                "every scope is busy: a new scope shares the overflow scope"
-            );
+        if map.slots.len() >= max {
+            map.overflow_credit = map.overflow_credit.saturating_sub(1);
             let overflow = map.overflow.get_or_insert_with(|| {
                 let label = "(overflow)".to_owned();
                 Arc::new(self.config.open(ScopeId::from_u128(0), label))

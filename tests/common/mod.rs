@@ -53,6 +53,11 @@ impl FakeServer {
         Self::new(|_, _| status(200))
     }
 
+    /// Forgets the requests seen so far.
+    pub fn forget(&self) {
+        self.seen.lock().unwrap().clear();
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
