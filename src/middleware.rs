@@ -123,16 +123,10 @@ impl<'a> Call<'a> {
         if let Some(budget) = &throttle.budget {
             lock(budget).record_request(started);
         }
-        let facts = RequestFacts {
-            retries: 0,
-            resend_safe: may_resend_after_failure(
-                req.method(),
-                req.headers(),
-                throttle.key_header.as_ref(),
-            ),
-            cloneable: true,
-            retry_allowed: extensions.get::<NoRetry>().is_none(),
-        };
+        let resend_safe =
+            may_resend_after_failure(req.method(), req.headers(), throttle.key_header.as_ref());
+        let retry_allowed = extensions.get::<NoRetry>().is_none();
+        let facts = RequestFacts::new(0, resend_safe, true, retry_allowed);
         Self {
             throttle,
             scope: throttle.engine.scope_of(req),
@@ -177,7 +171,7 @@ impl<'a> Call<'a> {
     }
 
     /// Reads what one attempt produced, closes the scope's cooldown if it says so, and
-    /// decides on it, retry bounds included.
+    /// decides on it.
     async fn judge(
         &mut self,
         result: Result<(Response, Option<ErrorBody>)>,
@@ -213,40 +207,32 @@ impl<'a> Call<'a> {
         (decision, Ok((response, hints)))
     }
 
+    /// The policy's decision on `outcome`, with the deadline and the retry budget as they are
+    /// now; a retry of a failure is charged to the budget under the same lock.
     fn decide(&self, outcome: Outcome<'_>) -> Decision {
         let throttle = self.throttle;
+        let now = Instant::now();
+        let mut budget = throttle.budget.as_ref().map(lock);
+        let facts = self
+            .facts
+            .with_time_left(self.deadline.map(|d| d.saturating_duration_since(now)))
+            .with_budget_room(budget.as_mut().is_none_or(|b| b.has_room(now)));
         let decision = throttle
             .policy
-            .decide(&self.facts, outcome, &mut *lock(&throttle.rng));
-        match decision {
-            Decision::Retry {
-                after,
-                may_have_run,
-            } => self.bound_retry(after, may_have_run),
-            other => other,
-        }
-    }
-
-    /// A retry the policy chose, unless the deadline or (for an attempt that may have run,
-    /// a failure) the retry budget rules it out.
-    fn bound_retry(&self, after: Duration, may_have_run: bool) -> Decision {
-        let now = Instant::now();
-        if self
-            .deadline
-            .is_some_and(|d| now.checked_add(after).is_none_or(|end| end > d))
-        {
-            return Decision::Stop(StopReason::Deadline);
-        }
-        if let Some(budget) = self.throttle.budget.as_ref().filter(|_| may_have_run) {
-            if !lock(budget).try_retry(now) {
+            .decide(&facts, outcome, &mut *lock(&throttle.rng));
+        match (&decision, budget.as_mut()) {
+            (
+                Decision::Retry {
+                    may_have_run: true, ..
+                },
+                Some(budget),
+            ) => budget.spend(now),
+            (Decision::Stop(StopReason::RetryBudgetExhausted), _) => {
                 count!(self.scope, budget_exhausted, fetch_add);
-                return Decision::Stop(StopReason::RetryBudgetExhausted);
             }
+            _ => {}
         }
-        Decision::Retry {
-            after,
-            may_have_run,
-        }
+        decision
     }
 
     /// Releases the in-flight slot and waits `after` before the next attempt.

@@ -98,8 +98,8 @@ impl BudgetLedger {
         self.current(now).requests += 1;
     }
 
-    /// Takes one retry from the budget at `now` if it has room, and says whether it had.
-    pub(crate) fn try_retry(&mut self, now: Instant) -> bool {
+    /// Whether the budget has room for one more retry at `now`.
+    pub(crate) fn has_room(&mut self, now: Instant) -> bool {
         self.current(now);
         let (requests, retries) = self
             .slices
@@ -107,12 +107,22 @@ impl BudgetLedger {
             .fold((0, 0), |(q, r), s| (q + s.requests, r + s.retries));
         let floor = f64::from(self.budget.min_per_second) * self.budget.window.as_secs_f64();
         let allowed = (requests as f64 * self.budget.ratio + floor).floor();
-        if (retries as f64) < allowed {
-            self.current(now).retries += 1;
-            true
-        } else {
-            false
+        (retries as f64) < allowed
+    }
+
+    /// Counts one retry at `now` (call after [`has_room`](Self::has_room), under one lock).
+    pub(crate) fn spend(&mut self, now: Instant) {
+        self.current(now).retries += 1;
+    }
+
+    /// Takes one retry from the budget at `now` if it has room, and says whether it had.
+    #[cfg(test)]
+    pub(crate) fn try_retry(&mut self, now: Instant) -> bool {
+        let room = self.has_room(now);
+        if room {
+            self.spend(now);
         }
+        room
     }
 }
 

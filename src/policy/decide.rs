@@ -95,12 +95,19 @@ pub struct RequestFacts {
     pub cloneable: bool,
     /// `false` when the caller opted out of retries for this request.
     pub retry_allowed: bool,
+    /// Time left before the request's deadline, or `None` without one: a wait that would
+    /// end later is not started.
+    pub time_left: Option<Duration>,
+    /// Whether the shared retry budget has room for a retry of a failure (an attempt that
+    /// may have run); refusals never draw on it.
+    pub budget_has_room: bool,
 }
 
 impl RequestFacts {
     /// The facts of a request after `retries` retries (0 after its first attempt): whether it
     /// is `resend_safe` after it may have run, whether its body is `cloneable` so a copy can
     /// be kept for a retry, and whether `retry_allowed` (`false` when the caller opted out).
+    /// No deadline, and room in the retry budget.
     pub const fn new(
         retries: u32,
         resend_safe: bool,
@@ -112,7 +119,21 @@ impl RequestFacts {
             resend_safe,
             cloneable,
             retry_allowed,
+            time_left: None,
+            budget_has_room: true,
         }
+    }
+
+    /// These facts with `time_left` before the deadline (`None`: no deadline).
+    pub const fn with_time_left(mut self, time_left: Option<Duration>) -> Self {
+        self.time_left = time_left;
+        self
+    }
+
+    /// These facts with the retry budget's room: `false` when it is spent.
+    pub const fn with_budget_room(mut self, has_room: bool) -> Self {
+        self.budget_has_room = has_room;
+        self
     }
 }
 
@@ -180,6 +201,11 @@ struct Wait {
 impl RetryPolicy {
     /// Decides what to do with `outcome`. `rng` draws the jitter.
     ///
+    /// The one owner of the retry decision: a retry is made only if the answer asks for one,
+    /// the request may be resent ([`RequestFacts`]), retries remain, the wait is at most
+    /// `max_server_wait` and ends before the deadline, and, for an attempt that may have run,
+    /// the retry budget has room. The first rule broken is the [`StopReason`].
+    ///
     /// # Example
     /// ```
     /// use std::time::Duration;
@@ -221,10 +247,14 @@ impl RetryPolicy {
             Some(StopReason::RetriesExhausted)
         } else if !facts.cloneable {
             Some(StopReason::BodyNotCloneable)
+        } else if let Some(asked) = wait.asked.filter(|&a| a > self.max_server_wait) {
+            Some(StopReason::WaitTooLong { asked })
+        } else if facts.time_left.is_some_and(|left| wait.after > left) {
+            Some(StopReason::Deadline)
+        } else if wait.may_have_run && !facts.budget_has_room {
+            Some(StopReason::RetryBudgetExhausted)
         } else {
-            wait.asked
-                .filter(|&asked| asked > self.max_server_wait)
-                .map(|asked| StopReason::WaitTooLong { asked })
+            None
         };
         match stop {
             Some(reason) => Decision::Stop(reason),
@@ -442,6 +472,53 @@ mod tests {
             after: Duration::from_secs(secs),
             may_have_run: true,
         }
+    }
+
+    #[test]
+    fn a_wait_past_the_deadline_stops() {
+        let p = policy(Jitter::Off);
+        let h = hints(None, Some(3), None);
+        let with_left = |left| facts(0).with_time_left(Some(left));
+        assert_eq!(decide_with(&p, &with_left(3 * S), 429, &h, &[]), retry(3));
+        assert_eq!(
+            decide_with(
+                &p,
+                &with_left(3 * S - Duration::from_millis(1)),
+                429,
+                &h,
+                &[]
+            ),
+            Decision::Stop(StopReason::Deadline)
+        );
+        // A rule broken before it is the reason given.
+        let h = hints(None, Some(300), None);
+        assert_eq!(
+            decide_with(&p, &with_left(S), 429, &h, &[]),
+            Decision::Stop(StopReason::WaitTooLong { asked: 300 * S })
+        );
+    }
+
+    #[test]
+    fn a_spent_budget_stops_retries_of_failures_only() {
+        let p = policy(Jitter::Off);
+        let spent = RequestFacts::new(0, true, true, true).with_budget_room(false);
+        assert_eq!(
+            decide_with(&p, &spent, 503, &Hints::default(), &[]),
+            Decision::Stop(StopReason::RetryBudgetExhausted)
+        );
+        let h = hints(None, Some(2), None);
+        assert_eq!(decide_with(&p, &spent, 429, &h, &[]), retry(2));
+        let room = spent.with_budget_room(true);
+        assert_eq!(
+            decide_with(&p, &room, 503, &Hints::default(), &[]),
+            retry_failed(1)
+        );
+        // Past the deadline as well: the deadline is named first.
+        let both = spent.with_time_left(Some(Duration::ZERO));
+        assert_eq!(
+            decide_with(&p, &both, 503, &Hints::default(), &[]),
+            Decision::Stop(StopReason::Deadline)
+        );
     }
 
     #[test]
