@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput};
 use governor::Quota;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_throttle::{Permit, Throttle};
+use reqwest_throttle::{NoRetry, Permit, Scope, Throttle};
 
 // ---------------------------------------------------------------------------------------------
 // A counting allocator.
@@ -87,9 +87,15 @@ fn permit_only() -> Throttle {
     Throttle::builder().max_in_flight(1024).build().unwrap()
 }
 
-/// In-flight cap, a sliding window and a token bucket, none of which binds.
+/// In-flight cap, a sliding window and a token bucket, none of which binds, in one scope.
 fn all_limits() -> Throttle {
+    all_limits_per(Scope::global())
+}
+
+/// As [`all_limits`], with `scope`.
+fn all_limits_per(scope: Scope) -> Throttle {
     Throttle::builder()
+        .scope(scope)
         .max_in_flight(1024)
         .sliding_window(1_000_000_000, Duration::from_millis(10))
         .window_guard(Duration::ZERO)
@@ -172,15 +178,39 @@ fn start_server() -> String {
     rx.recv().unwrap()
 }
 
-fn clients() -> (ClientWithMiddleware, ClientWithMiddleware) {
+/// Scopes kept alive beside the measured one in the per-authority variant.
+const OTHER_SCOPES: u16 = 1000;
+
+/// The clients compared: bare, throttled in one scope, and throttled per authority with
+/// [`OTHER_SCOPES`] other scopes alive.
+struct Clients {
+    bare: ClientWithMiddleware,
+    one_scope: ClientWithMiddleware,
+    many_scopes: ClientWithMiddleware,
+}
+
+fn clients(rt: &tokio::runtime::Runtime) -> Clients {
     let http = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(CONCURRENCY)
         .build()
         .unwrap();
-    let bare = ClientBuilder::new(http.clone()).build();
-    let throttled = ClientBuilder::new(http).with(all_limits()).build();
-    (bare, throttled)
+    let with = |t: Throttle| ClientBuilder::new(http.clone()).with(t).build();
+    let per_authority = all_limits_per(Scope::per_authority());
+    let many_scopes = with(per_authority.clone());
+    // Closed loopback ports refuse at once; each authority leaves a scope behind.
+    rt.block_on(async {
+        for port in 0..OTHER_SCOPES {
+            let url = format!("http://127.0.0.1:{}/", 40_000 + port);
+            let _ = many_scopes.get(url).with_extension(NoRetry).send().await;
+        }
+    });
+    assert!(per_authority.stats().scopes >= usize::from(OTHER_SCOPES));
+    Clients {
+        bare: ClientBuilder::new(http.clone()).build(),
+        one_scope: with(all_limits()),
+        many_scopes,
+    }
 }
 
 async fn batch(client: &ClientWithMiddleware, url: &str) {
@@ -194,60 +224,66 @@ async fn batch(client: &ClientWithMiddleware, url: &str) {
 
 fn middleware(c: &mut Criterion, url: &str) {
     let rt = current_thread();
-    let (bare, throttled) = clients();
+    let clients = clients(&rt);
     let mut group = c.benchmark_group("loopback");
     group.throughput(Throughput::Elements(CONCURRENCY as u64));
-    group.bench_function("bare", |b| b.to_async(&rt).iter(|| batch(&bare, url)));
-    group.bench_function("throttle", |b| {
-        b.to_async(&rt).iter(|| batch(&throttled, url))
-    });
+    for (name, client) in [
+        ("bare", &clients.bare),
+        ("throttle_one_scope", &clients.one_scope),
+        ("throttle_1000_scopes", &clients.many_scopes),
+    ] {
+        group.bench_function(name, |b| b.to_async(&rt).iter(|| batch(client, url)));
+    }
     group.finish();
 }
 
-/// Throughput of the throttled client over the bare one, from interleaved rounds (so that
-/// drift of the machine affects both alike): the median of the per-round ratios.
+/// Requests per second of `client` over `batches` batches.
+async fn rate(client: &ClientWithMiddleware, url: &str, batches: usize) -> f64 {
+    let t = Instant::now();
+    for _ in 0..batches {
+        batch(client, url).await;
+    }
+    (batches * CONCURRENCY) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Throughput of each throttled client over the bare one, from interleaved rounds (so that
+/// drift of the machine affects all alike): the median of the per-round ratios.
 fn interleaved_ratio(url: &str) {
     let rt = current_thread();
-    let (bare, throttled) = clients();
+    let clients = clients(&rt);
     let rounds = 15;
     let per_round = 100; // batches, so 3,200 requests per client per round
-    let mut ratios = Vec::new();
-    let mut rates = (Vec::new(), Vec::new());
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    let mut ratios: [Vec<f64>; 2] = Default::default();
+    let order = [&clients.bare, &clients.one_scope, &clients.many_scopes];
     rt.block_on(async {
-        for _ in 0..per_round {
-            batch(&bare, url).await;
-            batch(&throttled, url).await;
+        for client in order {
+            rate(client, url, per_round).await;
         }
         for round in 0..rounds {
-            let time = |client: &ClientWithMiddleware| {
-                let client = client.clone();
-                async move {
-                    let t = Instant::now();
-                    for _ in 0..per_round {
-                        batch(&client, url).await;
-                    }
-                    (per_round * CONCURRENCY) as f64 / t.elapsed().as_secs_f64()
-                }
-            };
-            // Alternate which goes first.
-            let (b, t) = if round % 2 == 0 {
-                let b = time(&bare).await;
-                (b, time(&throttled).await)
-            } else {
-                let t = time(&throttled).await;
-                (time(&bare).await, t)
-            };
-            ratios.push(t / b);
-            rates.0.push(b);
-            rates.1.push(t);
+            let mut r = [0.0; 3];
+            // Rotate which goes first.
+            for k in 0..3 {
+                let i = (round + k) % 3;
+                r[i] = rate(order[i], url, per_round).await;
+            }
+            for i in 0..3 {
+                rates[i].push(r[i]);
+            }
+            ratios[0].push(r[1] / r[0]);
+            ratios[1].push(r[2] / r[0]);
         }
     });
+    let [bare, one, many] = rates.map(median);
+    let [one_ratio, many_ratio] = ratios.map(median);
     println!(
         "loopback throughput, {CONCURRENCY} concurrent requests, median of {rounds} interleaved rounds:"
     );
-    println!("  bare client      {:>8.0} requests/s", median(rates.0));
-    println!("  with Throttle    {:>8.0} requests/s", median(rates.1));
-    println!("  ratio            {:>8.3}", median(ratios));
+    println!("  bare client                      {bare:>8.0} requests/s");
+    println!("  Throttle, one scope              {one:>8.0} requests/s, ratio {one_ratio:.3}");
+    println!(
+        "  Throttle, per authority, {OTHER_SCOPES} more {many:>8.0} requests/s, ratio {many_ratio:.3}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -35,10 +35,9 @@ impl Middleware for Throttle {
     /// the request itself. A server's answer is always returned as `Ok`.
     ///
     /// # Cancel safety
-    /// Dropping the future at any point releases the in-flight permit. A sliding window is
-    /// charged only for an attempt handed to the next layer to send; with several token
-    /// buckets, cells already taken by a dropped request go to the next request of the same
-    /// cost, or are lost (which only slows admission, never exceeds a quota).
+    /// Dropping the future at any point releases the in-flight slot and leaves the queue.
+    /// Quotas are charged, all or nothing, only for an attempt handed to the next layer to
+    /// send.
     async fn handle(
         &self,
         req: Request,

@@ -188,9 +188,8 @@ impl Throttle {
     /// [`ThrottleError::CostExceedsQuota`] at once when `cost` is more than a quota can admit.
     ///
     /// # Cancel safety
-    /// A dropped call holds nothing and has charged no sliding window. With several token
-    /// buckets, cells it already took go to the next caller of the same cost, or are lost
-    /// (which only slows admission, never exceeds a quota).
+    /// A dropped call holds nothing and has charged nothing: quotas are charged all or
+    /// nothing, at the moment of admission.
     pub async fn acquire(&self, cost: u32) -> Result<Permit, ThrottleError> {
         self.acquire_with_priority(cost, Priority::Normal).await
     }

@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: the default store, the state of one process.
 
-use std::future::{ready, Future};
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -12,7 +12,9 @@ use crate::sync::lock;
 
 /// The default [`Store`]: each scope's state in this process's memory, on the tokio clock.
 ///
-/// Every call answers at once, takes one uncontended mutex, and allocates nothing. Each
+/// Every call answers at once (its future is ready when first polled), takes one
+/// uncontended mutex, and allocates nothing. A lease released twice frees two slots: the
+/// engine releases each lease exactly once. Each
 /// [`open`](Store::open) makes a fresh state: the engine opens one per scope and shares it
 /// among every caller of that scope.
 #[derive(Debug, Clone, Copy, Default)]
@@ -78,7 +80,8 @@ impl Store for MemoryStore {
         scope: &MemoryScope,
         cost: u32,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        ready(Ok(lock(&scope.state).admit(cost, Instant::now())))
+        // Acts when polled, not when called: a future dropped unpolled has done nothing.
+        async move { Ok(lock(&scope.state).admit(cost, Instant::now())) }
     }
 
     fn release(&self, scope: &MemoryScope, _lease: LeaseId) {
@@ -91,12 +94,14 @@ impl Store for MemoryStore {
         scope: &MemoryScope,
         wait: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let until = crate::clock::instant_after(Instant::now(), wait);
-        let mut state = lock(&scope.state);
-        if state.cooldown_until.is_none_or(|u| u < until) {
-            state.cooldown_until = Some(until);
+        async move {
+            let until = crate::clock::instant_after(Instant::now(), wait);
+            let mut state = lock(&scope.state);
+            if state.cooldown_until.is_none_or(|u| u < until) {
+                state.cooldown_until = Some(until);
+            }
+            Ok(())
         }
-        ready(Ok(()))
     }
 
     fn set_limits(
@@ -104,11 +109,13 @@ impl Store for MemoryStore {
         scope: &MemoryScope,
         limits: &Limits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mut state = lock(&scope.state);
-        state.max_in_flight = limits.max_in_flight;
-        state.capacity = limits.capacity();
-        state.quotas.resize(limits);
-        ready(Ok(()))
+        async move {
+            let mut state = lock(&scope.state);
+            state.max_in_flight = limits.max_in_flight;
+            state.capacity = limits.capacity();
+            state.quotas.resize(limits);
+            Ok(())
+        }
     }
 
     fn is_idle(&self, scope: &MemoryScope) -> bool {

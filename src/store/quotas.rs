@@ -12,28 +12,17 @@ use super::sliding_window::SlidingWindow;
 use super::token_bucket::TokenBucket;
 use super::Limits;
 
-/// The most token buckets one scope may have (a bit each in [`Progress`]).
+/// The most token buckets one scope may have.
 pub(crate) const MAX_TOKEN_BUCKETS: usize = 64;
 
-/// Every quota of one scope; a request must be admitted by all of them.
-///
-/// Sliding windows are checked before anything is charged, so with at most one token bucket
-/// admission is all or nothing. governor cannot check a bucket without charging it, so with
-/// several buckets a request that waits on a later bucket has taken its cells from an earlier
-/// one: those cells are kept for the next attempt of the same cost (normally the same request
-/// trying again), and lost otherwise, which only ever slows admission.
+/// Every quota of one scope; a request must be admitted by all of them, all or nothing:
+/// sliding windows are checked before anything is charged, and token buckets charged one by
+/// one are taken back when a later one refuses.
 #[derive(Debug, Default)]
 pub(crate) struct Quotas {
     windows: Vec<SlidingWindow>,
     buckets: Vec<TokenBucket>,
-    /// Cells taken by an attempt that then had to wait, with its cost.
-    carried: Option<(u32, Progress)>,
 }
-
-/// Which token buckets one request has already taken its cells from, so that a request that
-/// waits on a later bucket does not take from an earlier one twice.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Progress(u64);
 
 impl Quotas {
     /// The quotas `limits` describe, all empty.
@@ -46,7 +35,6 @@ impl Quotas {
                 .iter()
                 .map(|&q| TokenBucket::new(q))
                 .collect(),
-            carried: None,
         }
     }
 
@@ -69,13 +57,11 @@ impl Quotas {
                 None => self.buckets.push(TokenBucket::new(q)),
             }
         }
-        self.carried = None;
     }
 
-    /// Whether nothing is counted: every window empty, every bucket full, no cells carried.
+    /// Whether nothing is counted: every window empty, every bucket full.
     pub(crate) fn is_fresh(&mut self, now: Instant) -> bool {
-        self.carried.is_none()
-            && self.windows.iter_mut().all(|w| w.used(now) == 0)
+        self.windows.iter_mut().all(|w| w.used(now) == 0)
             && self.buckets.iter().all(|b| b.is_full(now))
     }
 
@@ -95,20 +81,13 @@ impl Quotas {
         if ready > now {
             return Err(ready);
         }
-        let mut progress = match self.carried.take() {
-            Some((c, progress)) if c == cost => progress,
-            _ => Progress::default(),
-        };
-        for (i, bucket) in self.buckets.iter_mut().enumerate() {
-            let bit = 1u64 << i;
-            if progress.0 & bit == 0 {
-                if let Err(ready) = bucket.try_take(cells, now) {
-                    if progress.0 != 0 {
-                        self.carried = Some((cost, progress));
-                    }
-                    return Err(ready);
+        for i in 0..self.buckets.len() {
+            if let Err(ready) = self.buckets[i].try_take(cells, now) {
+                // All or nothing: the buckets charged before this one are taken back.
+                for bucket in &mut self.buckets[..i] {
+                    bucket.undo_last();
                 }
-                progress.0 |= bit;
+                return Err(ready);
             }
         }
         for w in &mut self.windows {
@@ -175,27 +154,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn cells_taken_by_a_waiting_attempt_are_kept_for_its_next_try() {
+    async fn a_refusal_by_a_later_bucket_takes_back_the_earlier_ones() {
         let limits = Limits::new()
             .with_bucket(governor::Quota::per_minute(nz(4)))
             .with_bucket(governor::Quota::per_minute(nz(2)));
         let mut quotas = Quotas::new(&limits);
         let now = Instant::now();
         assert_eq!(quotas.try_admit(2, now), Ok(()));
-        // Takes a cell of the first bucket, then waits on the second: the cell is kept.
-        assert!(quotas.try_admit(1, now).is_err());
-        assert_eq!(quotas.carried.map(|(c, p)| (c, p.0)), Some((1, 1)));
-        // An attempt of another cost cannot use it: it is dropped (and that attempt, short
-        // of cells in the first bucket, takes nothing).
-        assert!(quotas.try_admit(2, now).is_err());
-        assert!(quotas.carried.is_none());
-        assert!(quotas.try_admit(1, now).is_err());
-        tokio::time::advance(Duration::from_secs(30)).await;
-        // The second bucket has a cell again; the first is not taken a second time.
-        assert_eq!(quotas.try_admit(1, Instant::now()), Ok(()));
-        assert!(quotas.carried.is_none());
+        // The second bucket is empty: the first is charged, then given back, every time.
+        for _ in 0..5 {
+            assert_eq!(quotas.try_admit(1, now), Err(now + Duration::from_secs(30)));
+        }
+        // So the first still holds its 2 cells.
         quotas.buckets.truncate(1);
-        assert_eq!(quotas.try_admit(2, Instant::now()), Ok(()));
+        assert_eq!(quotas.try_admit(2, now), Ok(()));
+        assert_eq!(quotas.try_admit(1, now), Err(now + Duration::from_secs(15)));
     }
 
     #[tokio::test(start_paused = true)]

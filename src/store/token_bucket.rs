@@ -1,18 +1,57 @@
 //! A token-bucket quota: `governor`'s GCRA on the tokio clock.
 
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 #[cfg(test)]
 use governor::clock::Clock;
 use governor::middleware::NoOpMiddleware;
 use governor::nanos::Nanos;
-use governor::state::{InMemoryState, NotKeyed};
+use governor::state::{NotKeyed, StateStore};
 use governor::{Quota, RateLimiter};
 use tokio::time::Instant;
 
 use crate::clock::TokioClock;
 
-type Gcra = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Nanos>>;
+/// `governor`'s GCRA state (its theoretical arrival time), shared with the bucket that owns
+/// the limiter so that a charge can be taken back: several buckets are then charged all or
+/// nothing. Every use is under the scope's lock.
+#[derive(Debug, Clone, Default)]
+struct SavedState(Arc<AtomicU64>);
+
+/// The state of a bucket never charged.
+const UNSET: u64 = u64::MAX;
+
+impl SavedState {
+    fn new() -> Self {
+        Self(Arc::new(AtomicU64::new(UNSET)))
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+}
+
+impl StateStore for SavedState {
+    type Key = NotKeyed;
+
+    fn measure_and_replace<T, F, E>(&self, _key: &NotKeyed, f: F) -> Result<T, E>
+    where
+        F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
+    {
+        let old = Some(self.get()).filter(|&v| v != UNSET).map(Nanos::from);
+        let (result, new) = f(old)?;
+        self.set(new.into());
+        Ok(result)
+    }
+}
+
+type Gcra = RateLimiter<NotKeyed, SavedState, TokioClock, NoOpMiddleware<Nanos>>;
 
 /// `governor`'s GCRA: cells replenish at the quota's rate, up to its burst size.
 ///
@@ -22,22 +61,34 @@ type Gcra = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Nano
 #[derive(Debug)]
 pub(crate) struct TokenBucket {
     gcra: Gcra,
+    state: SavedState,
     clock: TokioClock,
     quota: Quota,
     /// When cells were last taken: the bucket is full again `burst / rate` later.
     last_take: Option<Instant>,
+    /// The state before the last charge, to take it back.
+    before: (u64, Option<Instant>),
 }
 
 impl TokenBucket {
     /// A full bucket.
     pub(crate) fn new(quota: Quota) -> Self {
         let clock = TokioClock::new();
+        let state = SavedState::new();
         Self {
-            gcra: RateLimiter::direct_with_clock(quota, clock),
+            gcra: RateLimiter::new(quota, state.clone(), clock),
+            state,
             clock,
             quota,
             last_take: None,
+            before: (UNSET, None),
         }
+    }
+
+    /// Takes back the last charge made by [`try_take`](Self::try_take) (once).
+    pub(crate) fn undo_last(&mut self) {
+        self.state.set(self.before.0);
+        self.last_take = self.before.1;
     }
 
     /// An empty bucket: its first cell comes one replenish interval from now.
@@ -64,8 +115,10 @@ impl TokenBucket {
     /// Takes `cost` cells if they are there now (`Ok`), else says when they will be (`Err`).
     /// `cost` must be at most the quota's burst size.
     pub(crate) fn try_take(&mut self, cost: NonZeroU32, now: Instant) -> Result<(), Instant> {
+        let before = (self.state.get(), self.last_take);
         match self.gcra.check_n(cost) {
             Ok(Ok(())) => {
+                self.before = before;
                 self.last_take = Some(now);
                 Ok(())
             }
