@@ -1,6 +1,5 @@
 //! [`MemoryStore`]: the default store, the state of one process.
 
-use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -75,13 +74,10 @@ impl Store for MemoryStore {
         }
     }
 
-    fn admit(
-        &self,
-        scope: &MemoryScope,
-        cost: u32,
-    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        // Acts when polled, not when called: a future dropped unpolled has done nothing.
-        async move { Ok(lock(&scope.state).admit(cost, Instant::now())) }
+    // An `async fn`: it acts when polled, not when called, so a future dropped unpolled has
+    // done nothing.
+    async fn admit(&self, scope: &MemoryScope, cost: u32) -> Result<Admission, StoreError> {
+        Ok(lock(&scope.state).admit(cost, Instant::now()))
     }
 
     fn release(&self, scope: &MemoryScope, _lease: LeaseId) {
@@ -89,33 +85,21 @@ impl Store for MemoryStore {
         state.in_flight = state.in_flight.saturating_sub(1);
     }
 
-    fn close_cooldown(
-        &self,
-        scope: &MemoryScope,
-        wait: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
-            let until = crate::clock::instant_after(Instant::now(), wait);
-            let mut state = lock(&scope.state);
-            if state.cooldown_until.is_none_or(|u| u < until) {
-                state.cooldown_until = Some(until);
-            }
-            Ok(())
+    async fn close_cooldown(&self, scope: &MemoryScope, wait: Duration) -> Result<(), StoreError> {
+        let until = crate::clock::instant_after(Instant::now(), wait);
+        let mut state = lock(&scope.state);
+        if state.cooldown_until.is_none_or(|u| u < until) {
+            state.cooldown_until = Some(until);
         }
+        Ok(())
     }
 
-    fn set_limits(
-        &self,
-        scope: &MemoryScope,
-        limits: &Limits,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
-            let mut state = lock(&scope.state);
-            state.max_in_flight = limits.max_in_flight;
-            state.capacity = limits.capacity();
-            state.quotas.resize(limits);
-            Ok(())
-        }
+    async fn set_limits(&self, scope: &MemoryScope, limits: &Limits) -> Result<(), StoreError> {
+        let mut state = lock(&scope.state);
+        state.max_in_flight = limits.max_in_flight;
+        state.capacity = limits.capacity();
+        state.quotas.resize(limits);
+        Ok(())
     }
 
     fn is_idle(&self, scope: &MemoryScope) -> bool {
