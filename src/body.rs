@@ -84,6 +84,15 @@ fn may_carry_code(status: http::StatusCode) -> bool {
     matches!(status.as_u16(), 403 | 409 | 429)
 }
 
+/// Whether [`read_error_body`] would read `response`'s body: a 403, 409 or 429 whose
+/// `Content-Length` is at most [`MAX_ERROR_BODY`](crate::headers::MAX_ERROR_BODY).
+pub(crate) fn has_error_body_to_read(response: &reqwest::Response) -> bool {
+    let small = response
+        .content_length()
+        .is_some_and(|n| n <= MAX_ERROR_BODY as u64);
+    may_carry_code(response.status()) && small
+}
+
 /// How long the throttle waits for a small error body before deciding on the headers alone.
 pub(crate) const ERROR_BODY_WAIT: Duration = Duration::from_secs(2);
 
@@ -97,10 +106,7 @@ pub(crate) async fn read_error_body(
     response: reqwest::Response,
     deadline: Option<tokio::time::Instant>,
 ) -> (reqwest::Response, Option<ErrorBody>) {
-    let small = response
-        .content_length()
-        .is_some_and(|n| n <= MAX_ERROR_BODY as u64);
-    if !may_carry_code(response.status()) || !small {
+    if !has_error_body_to_read(&response) {
         return (response, None);
     }
     let (parts, mut rest, url) = split(response);

@@ -12,7 +12,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
-use crate::body::{hold_until_body_ends, read_error_body};
+use crate::body::{has_error_body_to_read, hold_until_body_ends, read_error_body};
 use crate::engine::{count, Lease, Refused, Slot};
 use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
 use crate::headers::{self, ErrorBody, Hints};
@@ -301,9 +301,14 @@ impl<'a> Call<'a> {
     }
 }
 
-/// Returns `response` with its report, its body holding `permit` (if any) until it ends.
+/// Returns `response` with its report, its body holding `permit` until it ends when the
+/// permit's scope has an in-flight cap (without one, nothing waits for the body's end: the
+/// response is returned as it came and the request stops counting as in flight now).
 fn finish(response: Response, permit: Option<Lease>, info: ThrottleInfo) -> Response {
-    let mut response = hold_until_body_ends(response, permit);
+    let mut response = match permit {
+        Some(lease) if lease.rides_on_body() => hold_until_body_ends(response, Some(lease)),
+        _ => response,
+    };
     response.extensions_mut().insert(info);
     response
 }
@@ -331,7 +336,11 @@ async fn send(
         None => head.await,
     };
     Ok(match head {
-        Ok(response) => Ok(read_error_body(response, deadline).await),
+        // Boxed: the read is rare, and its state would make every call's future larger.
+        Ok(response) if has_error_body_to_read(&response) => {
+            Ok(Box::pin(read_error_body(response, deadline)).await)
+        }
+        Ok(response) => Ok((response, None)),
         Err(err) => Err(err),
     })
 }

@@ -61,7 +61,8 @@ pub struct Permit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Requests sent and not yet finished (response body not yet read to the end or dropped).
+    /// Requests sent and not yet finished: until the response body has been read to the end or
+    /// dropped (in a scope without an in-flight cap, until the response head arrives).
     pub in_flight: usize,
     /// Callers waiting to be admitted (cooldown, permit or quota).
     pub queued: usize,

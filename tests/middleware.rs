@@ -381,3 +381,25 @@ async fn a_window_429_closes_the_cooldown_for_other_callers() {
     assert!(waited > 4 * S && waited <= 5 * S, "{waited:?}");
     assert_eq!(info(&first.await.unwrap()).attempts, 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn only_a_capped_scope_counts_an_unread_body_in_flight() {
+    let server = FakeServer::new(|_, _| common::json(200, &[], "{\"unread\": true}"));
+    for (cap, in_flight) in [(None, 0), (Some(4), 1)] {
+        let mut builder = Throttle::builder();
+        if let Some(cap) = cap {
+            builder = builder.max_in_flight(cap);
+        }
+        let throttle = builder.build().unwrap();
+        let r = server
+            .client(&throttle)
+            .get("http://a.test/")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(throttle.stats().in_flight, in_flight, "cap {cap:?}");
+        assert_eq!(info(&r).attempts, 1);
+        assert_eq!(r.text().await.unwrap(), "{\"unread\": true}");
+        assert_eq!(throttle.stats().in_flight, 0);
+    }
+}

@@ -81,6 +81,10 @@ impl<S: Store> SlotConfig<S> {
 /// Releases a lease: what a [`Lease`] needs of its slot, whatever the store.
 trait Release: Send + Sync + std::fmt::Debug {
     fn release(&self, lease: LeaseId);
+
+    /// Whether the scope caps requests in flight, so that the lease must last until the
+    /// response body ends.
+    fn has_cap(&self) -> bool;
 }
 
 /// A request's lease on an in-flight slot of its scope. Dropping it releases the slot and
@@ -90,6 +94,14 @@ trait Release: Send + Sync + std::fmt::Debug {
 pub(crate) struct Lease {
     slot: Arc<dyn Release>,
     id: LeaseId,
+}
+
+impl Lease {
+    /// Whether this lease must ride on the response body until it ends: only when its scope
+    /// caps requests in flight (nothing else waits for the body's end).
+    pub(crate) fn rides_on_body(&self) -> bool {
+        self.slot.has_cap()
+    }
 }
 
 impl Drop for Lease {
@@ -103,6 +115,10 @@ impl<S: Store> Release for Slot<S> {
         self.store.release(&self.state, lease);
         count!(self, in_flight, fetch_sub);
         lock(&self.queue).wake_head(Instant::now());
+    }
+
+    fn has_cap(&self) -> bool {
+        self.max_in_flight.load(Ordering::Relaxed) != usize::MAX
     }
 }
 
