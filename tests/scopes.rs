@@ -4,13 +4,31 @@
 use std::time::Duration;
 
 use http::HeaderName;
-use reqwest_throttle::{Scope, Throttle};
+use reqwest_throttle::{Scope, Throttle, ThrottleBuilder};
 use tokio::time::Instant;
 
 mod common;
 use common::{info, json, status, FakeServer};
 
 const S: Duration = Duration::from_secs(1);
+
+/// A builder with one sliding window of `limit` per `window` and no guard.
+fn windowed(limit: u32, window: Duration) -> ThrottleBuilder {
+    Throttle::builder()
+        .sliding_window(limit, window)
+        .window_guard(Duration::ZERO)
+}
+
+/// The labels of the live scopes, sorted.
+fn labels(throttle: &Throttle) -> Vec<String> {
+    let mut labels: Vec<_> = throttle
+        .scope_stats()
+        .into_iter()
+        .map(|s| s.label)
+        .collect();
+    labels.sort();
+    labels
+}
 
 /// `429` with a window-type limit and `Retry-After: 30` for host `a.test`, `200` otherwise.
 fn a_refuses() -> FakeServer {
@@ -44,7 +62,7 @@ async fn a_refusal_from_one_host_does_not_slow_another() {
     // Host A's next request waits for the cooldown.
     let again = c.get("http://a.test/v1").send().await.unwrap();
     assert_eq!(info(&again).waited, 30 * S);
-    let at: Vec<_> = server.seen().iter().map(|s| s.at - t0).collect();
+    let at = server.sent_at(t0);
     assert_eq!(at, [Duration::ZERO, Duration::ZERO, 30 * S]);
 }
 
@@ -65,17 +83,13 @@ async fn a_global_scope_shares_the_cooldown() {
 #[tokio::test(start_paused = true)]
 async fn each_scope_has_its_own_quota() {
     let server = FakeServer::ok();
-    let throttle = Throttle::builder()
-        .sliding_window(2, 10 * S)
-        .window_guard(Duration::ZERO)
-        .build()
-        .unwrap();
+    let throttle = windowed(2, 10 * S).build().unwrap();
     let c = server.client(&throttle);
     let t0 = Instant::now();
     for host in ["a.test", "b.test", "a.test", "b.test", "a.test", "b.test"] {
         c.get(format!("http://{host}/")).send().await.unwrap();
     }
-    let at: Vec<_> = server.seen().iter().map(|s| s.at - t0).collect();
+    let at = server.sent_at(t0);
     let z = Duration::ZERO;
     assert_eq!(at, [z, z, z, z, 10 * S, 10 * S]);
 }
@@ -152,24 +166,13 @@ async fn idle_scopes_are_forgotten_after_their_ttl() {
     tokio::time::advance(61 * S).await;
     c.get("http://d.test/").send().await.unwrap();
     // b and c were idle for 91 s; a for 61 s; d is new.
-    let mut labels: Vec<_> = throttle
-        .scope_stats()
-        .into_iter()
-        .map(|s| s.label)
-        .collect();
-    labels.sort();
-    assert_eq!(labels, ["http://d.test:80"]);
+    assert_eq!(labels(&throttle), ["http://d.test:80"]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_scope_with_sends_in_its_window_is_not_forgotten() {
     let server = FakeServer::ok();
-    let throttle = Throttle::builder()
-        .sliding_window(1, 600 * S)
-        .window_guard(Duration::ZERO)
-        .scope_idle_ttl(60 * S)
-        .build()
-        .unwrap();
+    let throttle = windowed(1, 600 * S).scope_idle_ttl(60 * S).build().unwrap();
     let c = server.client(&throttle);
     let t0 = Instant::now();
     c.get("http://a.test/").send().await.unwrap();
@@ -189,12 +192,7 @@ async fn a_scope_with_sends_in_its_window_is_not_forgotten() {
 #[tokio::test(start_paused = true)]
 async fn at_the_cap_busy_scopes_share_the_overflow_scope() {
     let server = FakeServer::ok();
-    let throttle = Throttle::builder()
-        .sliding_window(1, 60 * S)
-        .window_guard(Duration::ZERO)
-        .max_scopes(2)
-        .build()
-        .unwrap();
+    let throttle = windowed(1, 60 * S).max_scopes(2).build().unwrap();
     let c = server.client(&throttle);
     let t0 = Instant::now();
     for host in ["a.test", "b.test", "c.test", "d.test"] {
@@ -202,7 +200,7 @@ async fn at_the_cap_busy_scopes_share_the_overflow_scope() {
     }
     // a and b have their own scopes; c and d share the overflow scope and its window.
     assert_eq!(throttle.stats().scopes, 2);
-    let at: Vec<_> = server.seen().iter().map(|s| s.at - t0).collect();
+    let at = server.sent_at(t0);
     let z = Duration::ZERO;
     assert_eq!(at, [z, z, z, 60 * S]);
     let mut labels: Vec<_> = throttle
@@ -225,11 +223,5 @@ async fn at_the_cap_idle_scopes_make_room() {
     for host in ["a.test", "b.test", "c.test", "d.test"] {
         c.get(format!("http://{host}/")).send().await.unwrap();
     }
-    let mut labels: Vec<_> = throttle
-        .scope_stats()
-        .into_iter()
-        .map(|s| s.label)
-        .collect();
-    labels.sort();
-    assert_eq!(labels, ["http://c.test:80", "http://d.test:80"]);
+    assert_eq!(labels(&throttle), ["http://c.test:80", "http://d.test:80"]);
 }

@@ -58,6 +58,11 @@ impl FakeServer {
         self.seen.lock().unwrap().clear();
     }
 
+    /// When each request was seen, from `t0`.
+    pub fn sent_at(&self, t0: Instant) -> Vec<std::time::Duration> {
+        self.seen().iter().map(|s| s.at - t0).collect()
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
