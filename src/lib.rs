@@ -24,14 +24,18 @@
 //! ```
 //!
 //! # The path of one request
-//! 1. **Cooldown**: after a window-type 429, every caller of the throttle waits for the reset
-//!    together, instead of each finding out alone.
-//! 2. **In-flight permit**: a FIFO semaphore; the permit rides on the response body and is
-//!    released when the body ends, fails or is dropped.
-//! 3. **Quotas**: every [sliding window](ThrottleBuilder::sliding_window) and
-//!    [token bucket](ThrottleBuilder::token_bucket) must admit the request's [`Cost`].
+//! 1. **Scope**: what the server counts the request against ([`Scope`]: per authority by
+//!    default, per API key, global, or a function of the request). Limits, cooldown and hints
+//!    are kept per scope.
+//! 2. **Queue**: the scope's waiters go highest [`Priority`] first, first in first out within a
+//!    priority, with aging so that none starves.
+//! 3. **Admission**, all or nothing, asked of the scope's [`store`]: the **cooldown** is open
+//!    (after a window-type 429 every caller of the scope waits for the reset together), an
+//!    **in-flight slot** is free (it rides on the response body until the body ends, fails or
+//!    is dropped), and every [sliding window](ThrottleBuilder::sliding_window) and
+//!    [token bucket](ThrottleBuilder::token_bucket) admits the request's [`Cost`].
 //! 4. **Send**, then read the [hints](headers) of the answer and [decide](policy): return it,
-//!    or release the permit, wait, and send again.
+//!    or release the slot, wait, and send again.
 //!
 //! Every response returned carries a [`ThrottleInfo`] extension. When retries run out, the last
 //! response is returned as `Ok`: nothing is lost.
