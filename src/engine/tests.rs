@@ -248,7 +248,7 @@ mod resize_under_load {
                         tokio::time::sleep(Duration::from_millis(job.start_ms)).await;
                         let work = async {
                             let cost = job.cost.min(2);
-                            let lease = match slot.admit(cost, job.priority, None).await {
+                            let _lease = match slot.admit(cost, job.priority, None).await {
                                 Ok(lease) => lease,
                                 // A cost above a shrunk limit is refused, never admitted.
                                 Err(Refused::Cost(_)) => return,
