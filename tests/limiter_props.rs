@@ -144,3 +144,35 @@ async fn acquire_waits_for_a_permit_and_a_dropped_waiter_takes_nothing() {
     drop(again);
     assert_eq!(throttle.stats().available_permits, Some(1));
 }
+
+/// Releases on other threads race with callers queueing: none may be missed, or a caller
+/// would wait for a release that already happened. The timeout only guards against a hang.
+#[test]
+fn on_many_threads_no_waiter_misses_a_release() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for round in 0..3000 {
+            let throttle = Throttle::builder().max_in_flight(2).build().unwrap();
+            let tasks: Vec<_> = (0..4)
+                .map(|_| {
+                    let throttle = throttle.clone();
+                    tokio::spawn(async move {
+                        let permit = throttle.acquire(1).await.unwrap();
+                        tokio::task::yield_now().await;
+                        drop(permit);
+                    })
+                })
+                .collect();
+            let all = futures::future::join_all(tasks);
+            let done = tokio::time::timeout(Duration::from_secs(60), all).await;
+            assert!(done.is_ok(), "round {round}: a waiter missed a release");
+            let stats = throttle.stats();
+            assert_eq!((stats.in_flight, stats.queued), (0, 0));
+            assert_eq!(stats.available_permits, Some(2));
+        }
+    });
+}

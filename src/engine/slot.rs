@@ -236,24 +236,19 @@ impl<S: Store> Slot<S> {
         deadline: Option<Instant>,
     ) -> Result<Lease, Refused> {
         // Nobody waiting: try at once, without a place in the queue.
-        let mut first = None;
         if lock(&self.queue).is_empty() {
-            match self.try_once(cost).await? {
-                Ok(lease) => return Ok(lease),
-                Err(wait) => first = Some(wait),
+            if let Ok(lease) = self.try_once(cost).await? {
+                return Ok(lease);
             }
         }
+        // Queued, then tried again as the head: a slot released between the try above and
+        // the queueing woke nobody, and must not be missed.
         let ticket = Ticket::new(self, priority);
         loop {
-            let wait = match first.take() {
-                Some(wait) => wait,
-                None => {
-                    ticket.head().await;
-                    match self.try_once(cost).await? {
-                        Ok(lease) => return Ok(lease),
-                        Err(wait) => wait,
-                    }
-                }
+            ticket.head().await;
+            let wait = match self.try_once(cost).await? {
+                Ok(lease) => return Ok(lease),
+                Err(wait) => wait,
             };
             match wait {
                 Some(d) => {
