@@ -206,30 +206,39 @@ impl<'a> Call<'a> {
         (decision, Ok((response, hints)))
     }
 
-    /// The policy's decision on `outcome`, with the deadline and the retry budget as they are
-    /// now; a retry of a failure is charged to the budget under the same lock.
+    /// The policy's decision on `outcome`, with the deadline as it is now. The retry budget is
+    /// consulted only for a retry of a failure (the one decision it can change): when it has
+    /// room the retry is charged to it under the same lock, otherwise the policy decides again
+    /// knowing it is spent.
     fn decide(&self, outcome: Outcome<'_>) -> Decision {
         let throttle = self.throttle;
         let now = Instant::now();
-        let mut budget = throttle.budget.as_ref().map(lock);
-        let facts = self
-            .facts
-            .with_time_left(self.deadline.map(|d| d.saturating_duration_since(now)))
-            .with_budget_room(budget.as_mut().is_none_or(|b| b.has_room(now)));
-        let decision = throttle
-            .policy
-            .decide(&facts, outcome, &mut *lock(&throttle.rng));
-        match (&decision, budget.as_mut()) {
-            (
-                Decision::Retry {
-                    may_have_run: true, ..
-                },
-                Some(budget),
-            ) => budget.spend(now),
-            (Decision::Stop(StopReason::RetryBudgetExhausted), _) => {
-                count!(self.scope, budget_exhausted, fetch_add);
-            }
-            _ => {}
+        let time_left = self.deadline.map(|d| d.saturating_duration_since(now));
+        let facts = self.facts.with_time_left(time_left);
+        let decide = |facts: &RequestFacts| {
+            throttle
+                .policy
+                .decide(facts, outcome, &mut *lock(&throttle.rng))
+        };
+        let decision = decide(&facts);
+        let (
+            Decision::Retry {
+                may_have_run: true, ..
+            },
+            Some(budget),
+        ) = (&decision, &throttle.budget)
+        else {
+            return decision;
+        };
+        let mut budget = lock(budget);
+        if budget.has_room(now) {
+            budget.spend(now);
+            return decision;
+        }
+        drop(budget);
+        let decision = decide(&facts.with_budget_room(false));
+        if decision == Decision::Stop(StopReason::RetryBudgetExhausted) {
+            count!(self.scope, budget_exhausted, fetch_add);
         }
         decision
     }
