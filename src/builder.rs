@@ -6,6 +6,7 @@ use std::time::Duration;
 use governor::Quota;
 use http::HeaderName;
 
+use crate::clock::FAR_FUTURE;
 use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
 use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
@@ -117,6 +118,10 @@ impl ThrottleBuilder {
     /// first window of length W (e.g. `Quota::per_minute(120)` lets 239 through a rolling
     /// minute): against a server that counts a sliding window, use
     /// [`sliding_window`](Self::sliding_window). At most 64 token buckets.
+    ///
+    /// `build` fails with [`BuildError::TooManyTokenBuckets`] past 64, and
+    /// [`BuildError::TokenBucketTooSlow`] for a bucket that takes over 100 years to refill its
+    /// burst.
     pub fn token_bucket(mut self, quota: Quota) -> Self {
         self.buckets.push(quota);
         self
@@ -229,7 +234,8 @@ impl ThrottleBuilder {
     /// nothing in flight or waiting, whose quotas are empty again: forgetting it changes no
     /// admission). If every scope is busy, the new key shares one overflow scope with every
     /// other key in that situation: their limits then apply to them together (slower, never
-    /// faster), until room frees; a warning is logged. `build` fails with
+    /// faster); a warning is logged. Keys new to the map keep going to the overflow scope
+    /// until it is idle again, so no key leaves it for an empty scope while its sends count. `build` fails with
     /// [`BuildError::ZeroMaxScopes`] for 0.
     pub fn max_scopes(mut self, n: usize) -> Self {
         self.max_scopes = n;
@@ -274,6 +280,13 @@ impl ThrottleBuilder {
             return Err(BuildError::TooManyTokenBuckets {
                 count: self.buckets.len(),
             });
+        }
+        for quota in &self.buckets {
+            let burst = quota.burst_size().get();
+            let refill = quota.replenish_interval().saturating_mul(burst);
+            if refill > FAR_FUTURE {
+                return Err(BuildError::TokenBucketTooSlow { refill });
+            }
         }
         if let Some(b) = &self.budget {
             if !b.ratio.is_finite() || b.ratio < 0.0 || b.window.is_zero() {

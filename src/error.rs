@@ -32,6 +32,14 @@ pub enum BuildError {
         /// The number given.
         count: usize,
     },
+    /// A token bucket takes longer than 100 years to refill its burst (its replenish interval
+    /// times its burst size): a quota that means "this many, ever" is a sliding window with a
+    /// long window instead.
+    #[error("a token bucket refills its burst in {refill:?}; at most 100 years is supported")]
+    TokenBucketTooSlow {
+        /// The bucket's time to refill its whole burst, saturated at `Duration::MAX`.
+        refill: Duration,
+    },
     /// A retry budget with a negative or non-finite ratio, or a zero window.
     #[error("retry budget needs a finite ratio >= 0 and a window > 0")]
     InvalidRetryBudget,

@@ -74,7 +74,8 @@ pub struct Stats {
     pub retries: u64,
     /// Retries not made because the retry budget was spent.
     pub budget_exhausted: u64,
-    /// In-flight slots free now in the live scopes, summed, or `None` with no in-flight cap.
+    /// In-flight slots free now in the live scopes, summed (before the first request, the cap
+    /// a scope starts with), or `None` with no in-flight cap.
     pub available_permits: Option<usize>,
     /// Keyed scopes alive now (the unkeyed scope and the overflow scope not counted).
     pub scopes: usize,
@@ -144,11 +145,17 @@ impl Throttle {
         let (in_flight, queued, sent, responses_429, retries, budget_exhausted) =
             read(engine.total());
         let mut available_permits = None;
+        let mut live = 0;
         engine.each_scope(|slot| {
+            live += 1;
             if let Some(free) = slot.available_permits() {
                 *available_permits.get_or_insert(0) += free;
             }
         });
+        if live == 0 {
+            // No scope yet: what the first one will have.
+            available_permits = engine.max_in_flight();
+        }
         Stats {
             in_flight,
             queued,

@@ -47,6 +47,26 @@ fn a_zero_sliding_window_length() {
 }
 
 #[test]
+fn a_token_bucket_slower_than_a_century() {
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let slow = Quota::with_period(101 * year).unwrap();
+    assert_eq!(
+        error(Throttle::builder().token_bucket(slow)),
+        BuildError::TokenBucketTooSlow { refill: 101 * year }
+    );
+    // The burst counts: 60 years a cell, 2 cells.
+    let burst = Quota::with_period(60 * year)
+        .unwrap()
+        .allow_burst(NonZeroU32::new(2).unwrap());
+    assert_eq!(
+        error(Throttle::builder().token_bucket(burst)),
+        BuildError::TokenBucketTooSlow { refill: 120 * year }
+    );
+    let century = Quota::with_period(100 * year).unwrap();
+    assert!(Throttle::builder().token_bucket(century).build().is_ok());
+}
+
+#[test]
 fn a_zero_scope_cap() {
     assert_eq!(
         error(Throttle::builder().max_scopes(0)),
@@ -159,8 +179,11 @@ async fn valid_settings_at_the_edge_of_every_check_build() {
         .expect("every setting is valid");
     let policy = RetryPolicy::new(3, Backoff::new(2 * S, 2 * S), Jitter::Off, 10 * S);
     assert_eq!(*throttle.retry_policy(), policy);
-    // No scope is alive before the first admission.
-    assert_eq!(throttle.stats().available_permits, None);
+    // Before the first admission: the cap a scope starts with.
+    assert_eq!(
+        throttle.stats().available_permits,
+        Some(Semaphore::MAX_PERMITS)
+    );
     let permit = throttle.acquire(1).await.unwrap();
     assert_eq!(
         throttle.stats().available_permits,

@@ -98,6 +98,11 @@ impl<S: Store> Engine<S> {
         self.registry.each(f);
     }
 
+    /// The in-flight cap a new scope starts with, or `None` without one.
+    pub(crate) fn max_in_flight(&self) -> Option<usize> {
+        self.registry.limits().max_in_flight
+    }
+
     /// The number of live keyed scopes.
     pub(crate) fn keyed_scopes(&self) -> usize {
         self.registry.len()

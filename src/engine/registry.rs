@@ -11,7 +11,12 @@ use tokio::time::Instant;
 
 use super::scope::{Key, Resolver, Scope};
 use super::slot::{Slot, SlotConfig};
+use crate::clock::instant_after;
 use crate::store::{ScopeId, Store};
+
+/// The shortest time between two sweeps of the map for idle scopes (a zero TTL would sweep
+/// on every lookup).
+const MIN_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 use crate::sync::lock;
 
 /// A [`ScopeId`] is already a keyed hash: its low 64 bits index the map as they are.
@@ -44,9 +49,9 @@ struct Map<S: Store> {
     /// Shared by new scopes while the map is full of busy ones.
     overflow: Option<Arc<Slot<S>>>,
     next_sweep: Instant,
-    /// New keys to send to the overflow scope before the next full sweep: a full map of busy
-    /// scopes is swept once per `max_scopes / 16` new keys, not for every one.
-    overflow_credit: usize,
+    /// New keys that may go without a full sweep of a full map: a map full of busy scopes is
+    /// swept once per `max_scopes / 16` new keys, not for every one.
+    sweep_credit: usize,
 }
 
 /// How many scopes a throttle keeps, and for how long.
@@ -83,8 +88,8 @@ impl<S: Store> Registry<S> {
             map: Mutex::new(Map {
                 slots: HashMap::default(),
                 overflow: None,
-                next_sweep: now + bounds.idle_ttl / 2,
-                overflow_credit: 0,
+                next_sweep: now,
+                sweep_credit: 0,
             }),
         }
     }
@@ -117,24 +122,30 @@ impl<S: Store> Registry<S> {
             slot.touch(now);
             return slot.clone();
         }
-        let max = self.bounds.max_scopes;
-        if map.slots.len() >= max && map.overflow_credit == 0 {
-            self.sweep(&mut map, now, true);
-            if map.slots.len() >= max {
-                map.overflow_credit = (max / 16).max(1);
-                tracing::warn!(
-                    max_scopes = max,
-                    "every scope is busy: new scopes share the overflow scope"
-                );
+        // Keys new to the map go to the overflow scope while it counts anything: a key that
+        // sent through it and now got a fresh scope of its own could pass its limits.
+        if let Some(overflow) = map.overflow.take() {
+            if !(Arc::strong_count(&overflow) == 1 && overflow.is_idle()) {
+                map.overflow = Some(overflow.clone());
+                return overflow;
             }
+            // Idle again: forgotten, and the map swept now for room.
+            map.sweep_credit = 0;
+        }
+        let max = self.bounds.max_scopes;
+        if map.slots.len() >= max && map.sweep_credit == 0 {
+            self.sweep(&mut map, now, true);
+            map.sweep_credit = (max / 16).max(1);
         }
         if map.slots.len() >= max {
-            map.overflow_credit = map.overflow_credit.saturating_sub(1);
-            let overflow = map.overflow.get_or_insert_with(|| {
-                let label = "(overflow)".to_owned();
-                Arc::new(self.config.open(ScopeId::from_u128(0), label))
-            });
-            return overflow.clone();
+            map.sweep_credit = map.sweep_credit.saturating_sub(1);
+            tracing::warn!(
+                max_scopes = max,
+                "every scope is busy: new keys share the overflow scope"
+            );
+            let overflow = Arc::new(self.config.open(ScopeId::from_u128(0), "(overflow)".into()));
+            map.overflow = Some(overflow.clone());
+            return overflow;
         }
         let slot = Arc::new(self.config.open(id, key.label(id)));
         map.slots.insert(id, slot.clone());
@@ -158,7 +169,7 @@ impl<S: Store> Registry<S> {
         {
             map.overflow = None;
         }
-        map.next_sweep = now + ttl / 2;
+        map.next_sweep = instant_after(now, (ttl / 2).max(MIN_SWEEP_INTERVAL));
         let evicted = before - map.slots.len();
         if evicted > 0 {
             tracing::debug!(evicted, alive = map.slots.len(), "idle scopes forgotten");
@@ -178,6 +189,11 @@ impl<S: Store> Registry<S> {
         if let Some(overflow) = &map.overflow {
             f(overflow);
         }
+    }
+
+    /// The limits a new scope starts with.
+    pub(crate) fn limits(&self) -> &crate::store::Limits {
+        &self.config.limits
     }
 
     /// The live keyed scopes (the unkeyed and overflow scopes not counted).

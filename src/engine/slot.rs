@@ -1,7 +1,7 @@
 //! One live scope: its store state, its waiter queue, its counters, and admission into it.
 
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +45,9 @@ pub(crate) struct Slot<S: Store> {
     pub(crate) total: Arc<Counters>,
     /// The in-flight cap now (`usize::MAX`: none), for the stats.
     max_in_flight: AtomicUsize,
+    /// The largest cost every quota can admit now (`u32::MAX`: no quota), checked before a
+    /// caller queues: a cost above it fails at once.
+    capacity: AtomicU32,
     /// Nanoseconds from `origin` to the last lookup, for idle eviction.
     last_used: AtomicU64,
     origin: Instant,
@@ -70,6 +73,7 @@ impl<S: Store> SlotConfig<S> {
             counters: Counters::default(),
             total: self.total.clone(),
             max_in_flight: AtomicUsize::new(self.limits.max_in_flight.unwrap_or(usize::MAX)),
+            capacity: AtomicU32::new(self.limits.capacity().unwrap_or(u32::MAX)),
             last_used: AtomicU64::new(0),
             origin: self.origin,
         };
@@ -197,6 +201,8 @@ impl<S: Store> Slot<S> {
             .map_err(Refused::Store)?;
         let cap = limits.max_in_flight.unwrap_or(usize::MAX);
         self.max_in_flight.store(cap, Ordering::Relaxed);
+        let capacity = limits.capacity().unwrap_or(u32::MAX);
+        self.capacity.store(capacity, Ordering::Relaxed);
         lock(&self.queue).wake_head(Instant::now());
         Ok(())
     }
@@ -217,6 +223,13 @@ impl<S: Store> Slot<S> {
         priority: Priority,
         deadline: Option<Instant>,
     ) -> Result<Lease, Refused> {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        if cost > capacity {
+            return Err(Refused::Cost(ThrottleError::CostExceedsQuota {
+                cost,
+                capacity,
+            }));
+        }
         if deadline.is_some_and(|d| d <= Instant::now()) {
             return Err(Refused::Deadline);
         }
