@@ -1,5 +1,6 @@
-//! Overhead of the throttle itself: the admission hot path, the middleware on loopback, and
-//! 10,000 waiters on one throttle.
+//! Overhead of the throttle itself: the admission hot path, the middleware in process (the
+//! network replaced by a middleware that answers at once) and on loopback, and 10,000 waiters
+//! on one throttle.
 //!
 //! ```text
 //! cargo bench --bench overhead            # criterion, ~3 minutes, then the summaries below
@@ -287,6 +288,56 @@ fn interleaved_ratio(url: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Middleware overhead in process: the network replaced by a last middleware that answers at
+// once, so that the throttle's own work per request is all that differs.
+
+/// Answers every request at once with a 2-byte body.
+struct Answer;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Answer {
+    async fn handle(
+        &self,
+        _req: reqwest::Request,
+        _extensions: &mut http::Extensions,
+        _next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let response = http::Response::builder()
+            .header("content-length", "2")
+            .body(reqwest::Body::from("ok"))
+            .expect("a valid response");
+        Ok(reqwest::Response::from(response))
+    }
+}
+
+fn in_process_clients() -> (ClientWithMiddleware, ClientWithMiddleware) {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let bare = ClientBuilder::new(http.clone()).with(Answer).build();
+    let throttled = ClientBuilder::new(http)
+        .with(all_limits())
+        .with(Answer)
+        .build();
+    (bare, throttled)
+}
+
+async fn one_in_process(client: &ClientWithMiddleware) {
+    let r = client.get("http://127.0.0.1:9/x").send().await.unwrap();
+    r.bytes().await.unwrap();
+}
+
+fn in_process(c: &mut Criterion) {
+    let rt = current_thread();
+    let (bare, throttled) = in_process_clients();
+    let mut group = c.benchmark_group("in_process");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("bare", |b| b.to_async(&rt).iter(|| one_in_process(&bare)));
+    group.bench_function("throttle", |b| {
+        b.to_async(&rt).iter(|| one_in_process(&throttled))
+    });
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
 // 10,000 tasks waiting on one throttle.
 
 const WAITERS: usize = 10_000;
@@ -382,6 +433,7 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
     admission(&mut c);
+    in_process(&mut c);
     middleware(&mut c, &url);
     scale(&mut c);
     c.final_summary();
