@@ -1,5 +1,7 @@
 //! Errors: [`BuildError`] from the builder, [`ThrottleError`] for requests the throttle refuses.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// An invalid setting found by [`ThrottleBuilder::build`](crate::ThrottleBuilder::build).
@@ -76,17 +78,143 @@ pub enum ThrottleError {
         /// The most the quota can admit at once, in quota units.
         capacity: u32,
     },
-    /// The request's deadline came before it could be sent or answered; when a response had
-    /// arrived and only a retry wait would pass the deadline, that response is returned
-    /// instead, with [`StopReason::Deadline`](crate::policy::StopReason::Deadline).
-    #[error("deadline passed after {attempts} attempts and {waited:?} waiting in the throttle")]
+    /// The request's deadline came, or was known to come, before it could be sent or
+    /// answered. When a response had arrived and only a retry wait would pass the deadline,
+    /// that response is returned instead, with
+    /// [`StopReason::Deadline`](crate::policy::StopReason::Deadline).
+    #[error("{}", deadline_message(*attempts, *waited, *would_wait, last_error.as_ref()))]
     DeadlineExceeded {
-        /// Attempts sent before the deadline passed (the one cut off included).
+        /// Attempts sent before the deadline (one cut off by it included).
         attempts: u32,
-        /// Time spent waiting in the throttle (cooldown, permit, quotas, retry waits).
+        /// Time spent waiting in the throttle (cooldown, in-flight slot, quotas, retry waits).
         waited: Duration,
+        /// When the deadline had not passed yet but a known wait would pass it (a cooldown or
+        /// a quota that opens later, a retry wait): that wait. `None` when the deadline passed.
+        would_wait: Option<Duration>,
+        /// The last attempt's transport error, when it failed and the deadline stopped its
+        /// retry.
+        #[source]
+        last_error: Option<TransportError>,
+    },
+    /// Every attempt failed in transport (a timeout, a refused or broken connection) and the
+    /// retries stopped: `max_retries` reached, the retry budget spent, or the request not safe
+    /// to send again. Returned only when at least one retry was made; a single failed attempt
+    /// returns reqwest's error as it is. The last error is the [`source`](std::error::Error::source);
+    /// [`is_timeout`](Self::is_timeout) and [`is_connect`](Self::is_connect) ask it.
+    #[error("{attempts} attempts failed ({waited:?} waiting in the throttle): {last_error}")]
+    AttemptsFailed {
+        /// Attempts sent, the failed last one included.
+        attempts: u32,
+        /// Time spent waiting in the throttle (cooldown, in-flight slot, quotas, retry waits).
+        waited: Duration,
+        /// Why no further attempt was made.
+        stopped: crate::policy::StopReason,
+        /// The last attempt's error.
+        #[source]
+        last_error: TransportError,
     },
     /// The rate-limit store could not answer, so the request was not sent.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
 }
+
+fn deadline_message(
+    attempts: u32,
+    waited: Duration,
+    would_wait: Option<Duration>,
+    last_error: Option<&TransportError>,
+) -> String {
+    let mut message = match would_wait {
+        Some(wait) => format!(
+            "the deadline comes before the request could go: it would wait {wait:?} more \
+             (after {attempts} attempts and {waited:?} waiting in the throttle)"
+        ),
+        None => format!(
+            "deadline passed after {attempts} attempts and {waited:?} waiting in the throttle"
+        ),
+    };
+    if let Some(e) = last_error {
+        message.push_str(&format!("; the last attempt failed: {e}"));
+    }
+    message
+}
+
+impl ThrottleError {
+    /// The throttle's error inside `err`, if it is one (`reqwest_middleware::Error::Middleware`
+    /// wrapping a `ThrottleError`).
+    ///
+    /// ```
+    /// use reqwest_throttle::ThrottleError;
+    ///
+    /// // A connect failure, after retries or not.
+    /// let connect_failed = |err: &reqwest_middleware::Error| {
+    ///     err.is_connect() || ThrottleError::of(err).is_some_and(ThrottleError::is_connect)
+    /// };
+    /// # let _ = connect_failed;
+    /// ```
+    pub fn of(err: &reqwest_middleware::Error) -> Option<&ThrottleError> {
+        match err {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// Whether the last attempt timed out (reqwest's [`is_timeout`](reqwest::Error::is_timeout)
+    /// on the transport error this error carries, if any).
+    pub fn is_timeout(&self) -> bool {
+        self.transport_error().is_some_and(|e| e.get().is_timeout())
+    }
+
+    /// Whether the last attempt failed to connect (reqwest's
+    /// [`is_connect`](reqwest::Error::is_connect) on the transport error this error carries,
+    /// if any).
+    pub fn is_connect(&self) -> bool {
+        self.transport_error().is_some_and(|e| e.get().is_connect())
+    }
+
+    /// The last attempt's transport error, if this error carries one.
+    pub fn transport_error(&self) -> Option<&TransportError> {
+        match self {
+            ThrottleError::DeadlineExceeded { last_error, .. } => last_error.as_ref(),
+            ThrottleError::AttemptsFailed { last_error, .. } => Some(last_error),
+            _ => None,
+        }
+    }
+}
+
+/// A transport error of one attempt (reqwest's), shared so that [`ThrottleError`] stays
+/// `Clone`. Two compare equal when they are the same error or read the same.
+#[derive(Debug, Clone)]
+pub struct TransportError(Arc<reqwest::Error>);
+
+impl TransportError {
+    pub(crate) fn new(error: reqwest::Error) -> Self {
+        Self(Arc::new(error))
+    }
+
+    /// reqwest's error.
+    pub fn get(&self) -> &reqwest::Error {
+        &self.0
+    }
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Transparent: its source is reqwest's error's source.
+impl std::error::Error for TransportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for TransportError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for TransportError {}

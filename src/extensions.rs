@@ -90,4 +90,10 @@ pub struct ThrottleInfo {
     /// Why the response was returned although it asked for a retry or was a recognised final
     /// refusal; `None` when it was an ordinary answer.
     pub stopped: Option<StopReason>,
+    /// The shared cooldown this response closed for its scope: every caller of the scope
+    /// waits this long (from when the response arrived) before its next send. `None` when it
+    /// closed none, which includes a wait longer than
+    /// [`max_server_wait`](crate::ThrottleBuilder::max_server_wait): no caller is held that
+    /// long; each goes and receives the server's own answer.
+    pub cooldown: Option<Duration>,
 }

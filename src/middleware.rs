@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::body::{has_error_body_to_read, hold_until_body_ends, read_error_body};
 use crate::engine::{count, Lease, Refused, Slot};
+use crate::error::{ThrottleError, TransportError};
 use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
 use crate::headers::{self, ErrorBody, Hints};
 use crate::policy::{
@@ -70,6 +71,10 @@ struct Call<'a> {
     /// With a deadline, the previous answer is kept through the retry wait: if the deadline
     /// then stops the next attempt, that answer is returned rather than lost.
     last: Option<(Response, Hints)>,
+    /// The retry wait the deadline ruled out, for the error that says so.
+    deadline_wait: Option<Duration>,
+    /// The cooldown the last answer closed for the scope.
+    cooldown: Option<Duration>,
 }
 
 /// What one attempt came to.
@@ -91,7 +96,7 @@ impl Inner {
             };
             let result = match send(next.clone(), req, extensions, call.deadline).await {
                 Ok(result) => result,
-                Err(DeadlinePassed) => return call.deadline_reached(1),
+                Err(DeadlinePassed) => return call.deadline_reached(1, None, None),
             };
             call.facts.cloneable = spare.is_some();
             let (decision, attempt) = call.judge(result).await;
@@ -135,6 +140,8 @@ impl<'a> Call<'a> {
             facts,
             waited: Duration::ZERO,
             last: None,
+            deadline_wait: None,
+            cooldown: None,
         }
     }
 
@@ -161,7 +168,9 @@ impl<'a> Call<'a> {
                 }
                 Ok(lease)
             }
-            Err(Refused::Deadline) => Err(self.deadline_reached(0)),
+            Err(Refused::Deadline { would_wait }) => {
+                Err(self.deadline_reached(0, would_wait, None))
+            }
             Err(refused) => {
                 let error = refused.into_error(self.facts.retries, self.waited);
                 Err(Err(Error::middleware(error)))
@@ -199,7 +208,8 @@ impl<'a> Call<'a> {
         // the other callers: waiting does not change it.
         let is_final = matches!(decision, Decision::Stop(StopReason::Final { .. }));
         let max_wait = self.throttle.policy.max_server_wait;
-        if let Some(d) = cooldown(status, &hints, max_wait).filter(|_| !is_final) {
+        self.cooldown = cooldown(status, &hints, max_wait).filter(|_| !is_final);
+        if let Some(d) = self.cooldown {
             tracing::debug!(scope = %self.scope.label, status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
             self.scope.close_cooldown(d).await;
         }
@@ -210,7 +220,7 @@ impl<'a> Call<'a> {
     /// consulted only for a retry of a failure (the one decision it can change): when it has
     /// room the retry is charged to it under the same lock, otherwise the policy decides again
     /// knowing it is spent.
-    fn decide(&self, outcome: Outcome<'_>) -> Decision {
+    fn decide(&mut self, outcome: Outcome<'_>) -> Decision {
         let throttle = self.throttle;
         let now = Instant::now();
         let time_left = self.deadline.map(|d| d.saturating_duration_since(now));
@@ -221,6 +231,12 @@ impl<'a> Call<'a> {
                 .decide(facts, outcome, &mut *lock(&throttle.rng))
         };
         let decision = decide(&facts);
+        if decision == Decision::Stop(StopReason::Deadline) {
+            // The wait that would pass the deadline, for the error that says so.
+            if let Decision::Retry { after, .. } = decide(&facts.with_time_left(None)) {
+                self.deadline_wait = Some(after);
+            }
+        }
         let (
             Decision::Retry {
                 may_have_run: true, ..
@@ -265,14 +281,24 @@ impl<'a> Call<'a> {
         if let Decision::Stop(reason) = &decision {
             tracing::debug!(scope = %self.scope.label, attempts, ?reason, "not retried");
         }
-        let (response, hints) = match attempt {
-            Ok(answer) => answer,
+        let (response, hints) = match (attempt, decision.clone()) {
+            (Ok(answer), _) => answer,
             // The deadline stops the retry of a broken attempt: an earlier answer is
-            // returned if there is one.
-            Err(_) if decision == Decision::Stop(StopReason::Deadline) && self.last.is_some() => {
-                return self.deadline_reached(1)
+            // returned if there is one, else the error says so, with the failure as its source.
+            (Err(err), Decision::Stop(StopReason::Deadline)) => {
+                let wait = self.deadline_wait;
+                return self.deadline_reached(1, wait, Some(err));
             }
-            Err(err) => return Err(err),
+            // Retries were made and the last attempt failed too: the error says how many.
+            (Err(Error::Reqwest(e)), Decision::Stop(stopped)) if self.facts.retries > 0 => {
+                return Err(Error::middleware(ThrottleError::AttemptsFailed {
+                    attempts,
+                    waited: self.waited,
+                    stopped,
+                    last_error: TransportError::new(e),
+                }));
+            }
+            (Err(err), _) => return Err(err),
         };
         self.last = None;
         let stopped = match decision {
@@ -284,29 +310,44 @@ impl<'a> Call<'a> {
             waited: self.waited,
             hints,
             stopped,
+            cooldown: self.cooldown,
         };
         Ok(finish(response, Some(lease), info))
     }
 
-    /// The deadline stopped the next attempt (`in_progress`: 1 when an attempt was under way
-    /// or had just failed, 0 before one was sent): the previous answer if there is one
-    /// (nothing is lost), else the error.
-    fn deadline_reached(&mut self, in_progress: u32) -> Result<Response> {
+    /// The deadline stopped the call (`in_progress`: 1 when an attempt was under way or had
+    /// just failed, 0 before one was sent; `would_wait`: the known wait that passes it, if it
+    /// has not passed yet; `failed`: the last attempt's error): the previous answer if there
+    /// is one (nothing is lost), else [`ThrottleError::DeadlineExceeded`].
+    fn deadline_reached(
+        &mut self,
+        in_progress: u32,
+        would_wait: Option<Duration>,
+        failed: Option<Error>,
+    ) -> Result<Response> {
         let attempts = self.facts.retries + in_progress;
-        match self.last.take() {
-            Some((response, hints)) => {
-                let info = ThrottleInfo {
-                    attempts,
-                    waited: self.waited,
-                    hints,
-                    stopped: Some(StopReason::Deadline),
-                };
-                Ok(finish(response, None, info))
-            }
-            None => Err(Error::middleware(
-                Refused::Deadline.into_error(attempts, self.waited),
-            )),
+        if let Some((response, hints)) = self.last.take() {
+            let info = ThrottleInfo {
+                attempts,
+                waited: self.waited,
+                hints,
+                stopped: Some(StopReason::Deadline),
+                cooldown: None,
+            };
+            return Ok(finish(response, None, info));
         }
+        let last_error = match failed {
+            Some(Error::Reqwest(e)) => Some(TransportError::new(e)),
+            // Another middleware's error is returned as it is.
+            Some(other) => return Err(other),
+            None => None,
+        };
+        Err(Error::middleware(ThrottleError::DeadlineExceeded {
+            attempts,
+            waited: self.waited,
+            would_wait,
+            last_error,
+        }))
     }
 }
 

@@ -190,7 +190,9 @@ async fn admission_at_the_deadline_is_refused_and_charges_nothing() {
             2,
             Some(ThrottleError::DeadlineExceeded {
                 attempts: 0,
-                waited: Duration::ZERO
+                waited: Duration::ZERO,
+                would_wait: Some(S),
+                last_error: None,
             }),
             Duration::ZERO
         )

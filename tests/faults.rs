@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_throttle::headers::MAX_HINT_DELAY;
 use reqwest_throttle::policy::StopReason;
-use reqwest_throttle::{Scope, Throttle, ThrottleInfo};
+use reqwest_throttle::{Scope, Throttle, ThrottleError, ThrottleInfo};
 use server::{answer, chunk, head, RawServer, Step, LAST_CHUNK};
 use tokio::time::Instant;
 
@@ -192,8 +192,28 @@ async fn a_get_whose_connection_always_breaks_stops_after_max_retries() {
         .send()
         .await
         .unwrap_err();
-    let err = transport(err);
-    assert!(err.is_request() || err.is_connect(), "{err:?}");
+    // After retries the error says how many, and what the last attempt's failure was.
+    let reqwest_middleware::Error::Middleware(err) = err else {
+        panic!("expected the throttle's error, got {err:?}");
+    };
+    let err = err
+        .downcast_ref::<ThrottleError>()
+        .expect("a ThrottleError");
+    let ThrottleError::AttemptsFailed {
+        attempts,
+        waited,
+        stopped,
+        last_error,
+    } = err
+    else {
+        panic!("expected AttemptsFailed, got {err:?}");
+    };
+    assert_eq!((*attempts, *waited), (4, 7 * S), "1 + 2 + 4 s of backoff");
+    assert_eq!(*stopped, StopReason::RetriesExhausted);
+    let last = last_error.get();
+    assert!(last.is_request() || last.is_connect(), "{last:?}");
+    assert_eq!(err.is_connect(), last.is_connect());
+    assert!(!err.is_timeout());
     let s = throttle.stats();
     assert_eq!((s.sent, s.retries), (4, 3));
     assert_eq!((server.accepts(), server.requests()), (4, 4));
@@ -459,7 +479,7 @@ async fn an_absurd_wait_is_returned_at_once_not_slept() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_absurd_window_reset_returns_at_once_and_bounds_the_cooldown() {
+async fn an_absurd_window_reset_returns_at_once_and_holds_nobody() {
     let server = RawServer::start(|_, seen| {
         if seen.path == "/limited" {
             too_many(&[
@@ -490,10 +510,15 @@ async fn an_absurd_window_reset_returns_at_once_and_bounds_the_cooldown() {
             asked: MAX_HINT_DELAY
         })
     );
+    assert_eq!(i.cooldown, None);
     drop(r);
-    // The shared cooldown closes, but for max_server_wait at most.
+    // A wait longer than max_server_wait closes no cooldown: the next request goes at once
+    // and receives the server's own answer.
     let r = c.get(server.url("/other")).send().await.unwrap();
-    assert_eq!((r.status().as_u16(), info(&r).waited), (200, 30 * S));
+    assert_eq!(
+        (r.status().as_u16(), info(&r).waited),
+        (200, Duration::ZERO)
+    );
     drop(r);
     assert_eq!((server.requests(), throttle.stats().sent), (2, 2));
     assert_idle(&throttle, 2);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{info, json, status, FakeServer};
 use http::HeaderName;
 use reqwest_throttle::policy::StopReason;
-use reqwest_throttle::Throttle;
+use reqwest_throttle::{Throttle, ThrottleError};
 
 const URL: &str = "http://api.test/v1/agents/amy/runs";
 
@@ -169,7 +169,9 @@ mod deadlines {
             deadline_error(err),
             ThrottleError::DeadlineExceeded {
                 attempts: 0,
-                waited: Duration::ZERO
+                waited: Duration::ZERO,
+                would_wait: None,
+                last_error: None,
             }
         );
         assert_eq!(server.seen().len(), 0);
@@ -227,7 +229,10 @@ mod deadlines {
             deadline_error(err),
             ThrottleError::DeadlineExceeded {
                 attempts: 0,
-                waited: Duration::ZERO
+                waited: Duration::ZERO,
+                // The window opens 10.1 s after the first send: after the deadline.
+                would_wait: Some(Duration::from_millis(10_100)),
+                last_error: None,
             }
         );
         assert_eq!(Instant::now(), t0);
@@ -253,7 +258,9 @@ mod deadlines {
             deadline_error(err),
             ThrottleError::DeadlineExceeded {
                 attempts: 1,
-                waited: Duration::ZERO
+                waited: Duration::ZERO,
+                would_wait: None,
+                last_error: None,
             }
         );
         assert_eq!(Instant::now() - t0, Duration::from_secs(4));
@@ -277,7 +284,9 @@ mod deadlines {
             deadline_error(err),
             ThrottleError::DeadlineExceeded {
                 attempts: 0,
-                waited: Duration::from_secs(1)
+                waited: Duration::from_secs(1),
+                would_wait: None,
+                last_error: None,
             }
         );
         assert_eq!(throttle.stats().queued, 0);
@@ -385,15 +394,22 @@ mod transport {
         let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
             .with(throttle.clone())
             .build();
-        assert!(client.get(&url).send().await.unwrap_err().is_connect());
+        // After retries: the throttle's error, which asks the last failure.
+        let err = client.get(&url).send().await.unwrap_err();
+        assert!(!err.is_connect());
+        let throttle_err = ThrottleError::of(&err).expect("a ThrottleError after retries");
+        assert!(throttle_err.is_connect(), "{throttle_err}");
         assert_eq!(throttle.stats().sent, 3);
-        assert!(client
-            .post(&url)
-            .body("x")
-            .send()
-            .await
-            .unwrap_err()
-            .is_connect());
+        assert!(
+            client
+                .post(&url)
+                .body("x")
+                .send()
+                .await
+                .unwrap_err()
+                .is_connect(),
+            "a single attempt returns reqwest's error as it is"
+        );
         assert_eq!(throttle.stats().sent, 4);
     }
 

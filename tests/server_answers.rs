@@ -161,30 +161,47 @@ async fn retry_after_on_a_success_does_not_slow_later_requests() {
     assert_eq!(seen[2].at, seen[0].at);
 }
 
-#[tokio::test(start_paused = true)]
-async fn no_requests_remaining_pauses_every_caller_until_the_reset() {
-    let server = FakeServer::new(|i, _| {
+/// A `200` with `remaining: 0` and a reset `reset` ahead, then answers with room.
+fn none_remaining_for(reset: &'static str) -> FakeServer {
+    FakeServer::new(move |i, _| {
         let remaining = if i == 0 { "0" } else { "5" };
         json(
             200,
             &[
                 ("x-ratelimit-limit-requests", "10"),
                 ("x-ratelimit-remaining-requests", remaining),
-                ("x-ratelimit-reset-requests", "6m0s"),
+                ("x-ratelimit-reset-requests", reset),
             ],
             "{}",
         )
-    });
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_requests_remaining_pauses_every_caller_until_the_reset() {
+    let server = none_remaining_for("1m30s");
     let c = server.client(&throttle());
-    c.get(URL).send().await.unwrap();
+    let first = c.get(URL).send().await.unwrap();
+    assert_eq!(info(&first).cooldown, Some(Duration::from_secs(90)));
     let later = c.get(URL).send().await.unwrap();
     let seen = server.seen();
-    assert_eq!(
-        seen[1].at - seen[0].at,
-        Duration::from_secs(120),
-        "capped at max_server_wait"
-    );
-    assert_eq!(info(&later).waited, Duration::from_secs(120));
+    assert_eq!(seen[1].at - seen[0].at, Duration::from_secs(90));
+    assert_eq!(info(&later).waited, Duration::from_secs(90));
+    assert_eq!(info(&later).cooldown, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_beyond_max_server_wait_holds_nobody() {
+    // 6 minutes, past the default max_server_wait of 120 s: no caller is held in silence;
+    // the next goes at once and receives the server's own answer.
+    let server = none_remaining_for("6m0s");
+    let c = server.client(&throttle());
+    let first = c.get(URL).send().await.unwrap();
+    assert_eq!(info(&first).cooldown, None);
+    let later = c.get(URL).send().await.unwrap();
+    let seen = server.seen();
+    assert_eq!(seen[1].at - seen[0].at, Duration::ZERO);
+    assert_eq!(info(&later).waited, Duration::ZERO);
 }
 
 #[tokio::test(start_paused = true)]

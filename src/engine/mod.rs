@@ -28,8 +28,9 @@ use crate::store::{Limits, Store, StoreError};
 pub(crate) enum Refused {
     /// The request can never be admitted.
     Cost(ThrottleError),
-    /// Admission would come after the deadline.
-    Deadline,
+    /// Admission would come after the deadline: `would_wait` is the known wait that passes
+    /// it, `None` when the deadline passed while waiting.
+    Deadline { would_wait: Option<Duration> },
     /// The store could not answer.
     Store(StoreError),
 }
@@ -39,7 +40,12 @@ impl Refused {
     pub(crate) fn into_error(self, attempts: u32, waited: Duration) -> ThrottleError {
         match self {
             Refused::Cost(e) => e,
-            Refused::Deadline => ThrottleError::DeadlineExceeded { attempts, waited },
+            Refused::Deadline { would_wait } => ThrottleError::DeadlineExceeded {
+                attempts,
+                waited,
+                would_wait,
+                last_error: None,
+            },
             Refused::Store(e) => ThrottleError::Store(e),
         }
     }

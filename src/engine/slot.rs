@@ -231,13 +231,13 @@ impl<S: Store> Slot<S> {
             }));
         }
         if deadline.is_some_and(|d| d <= Instant::now()) {
-            return Err(Refused::Deadline);
+            return Err(Refused::Deadline { would_wait: None });
         }
         let admission = self.admit_inner(cost, priority, deadline);
         match deadline {
             Some(d) => tokio::time::timeout_at(d, admission)
                 .await
-                .unwrap_or(Err(Refused::Deadline)),
+                .unwrap_or(Err(Refused::Deadline { would_wait: None })),
             None => admission.await,
         }
     }
@@ -268,7 +268,9 @@ impl<S: Store> Slot<S> {
                     let now = Instant::now();
                     let ready = crate::clock::instant_after(now, d);
                     if deadline.is_some_and(|dl| ready >= dl) {
-                        return Err(Refused::Deadline);
+                        return Err(Refused::Deadline {
+                            would_wait: Some(d),
+                        });
                     }
                     tokio::select! {
                         () = sleep_until(ready) => {}

@@ -390,13 +390,15 @@ fn window_wait(hints: &Hints) -> Option<Duration> {
     hints.reset_after.or(hints.retry_after)
 }
 
-/// How long every caller sharing the throttle should hold off after this answer, if at all
-/// (the shared cooldown), bounded by `max_wait`:
+/// How long every caller sharing the scope should hold off after this answer, if at all (the
+/// shared cooldown):
 /// - a window-type 429 (or a 429 with a reset time and no known type): until the reset;
 /// - any answer, a 200 too, that reports 0 requests remaining with a reset time: until that
 ///   reset (proactive pausing). The parser already drops a `remaining` above its `limit`.
 ///
-/// A `Retry-After` on a success does not close it.
+/// A `Retry-After` on a success does not close it. A wait longer than `max_wait` closes
+/// nothing: no caller is held that long in silence; each goes and receives the server's own
+/// answer (a refusal it returns at once, with the wait it asks for).
 pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
     let refused = if status == StatusCode::TOO_MANY_REQUESTS {
         match hints.limit_kind {
@@ -411,7 +413,7 @@ pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) ->
         .requests
         .filter(|a| a.remaining == Some(0))
         .and_then(|a| a.reset_after);
-    Some(refused.max(exhausted)?.min(max_wait))
+    refused.max(exhausted).filter(|&d| d <= max_wait)
 }
 
 #[cfg(test)]
@@ -804,8 +806,10 @@ mod tests {
         );
         assert_eq!(c(&hints(None, None, Some(4))), Some(4 * S));
         assert_eq!(c(&hints(None, Some(4), None)), None);
+        // Longer than `max_server_wait`: nobody is held; each caller asks the server.
+        assert_eq!(c(&hints(Some(LimitKind::Requests), None, Some(1000))), None);
         assert_eq!(
-            c(&hints(Some(LimitKind::Requests), None, Some(1000))),
+            c(&hints(Some(LimitKind::Requests), None, Some(120))),
             Some(max)
         );
         let ok = hints(Some(LimitKind::Requests), Some(60), Some(8));
@@ -825,7 +829,7 @@ mod tests {
         );
         assert_eq!(
             cooldown(StatusCode::OK, &with(Some(0), Some(900 * S)), max),
-            Some(max)
+            None
         );
         assert_eq!(
             cooldown(StatusCode::OK, &with(Some(1), Some(9 * S)), max),
