@@ -169,8 +169,9 @@ impl ThrottleBuilder {
 
     /// The longest wait a server may ask for (`Retry-After`, a reset time) that the throttle
     /// sleeps; a longer one returns the response at once, its
-    /// [`ThrottleInfo::stopped`](crate::ThrottleInfo::stopped) saying so. Also bounds the
-    /// shared cooldown.
+    /// [`ThrottleInfo::stopped`](crate::ThrottleInfo::stopped) saying so, and closes no shared
+    /// cooldown: no caller is held that long in silence; each later caller goes and receives
+    /// the server's own answer.
     pub fn max_server_wait(mut self, d: Duration) -> Self {
         self.max_server_wait = d;
         self
