@@ -75,6 +75,29 @@ impl Deadline {
     }
 }
 
+/// The time a request waited in the throttle, by cause: what held it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Waits {
+    /// Behind other callers of its scope (higher priority, or earlier).
+    pub queue: Duration,
+    /// For the scope's shared cooldown (after a window-type 429, or 0 requests remaining).
+    pub cooldown: Duration,
+    /// For a quota (a sliding window or token bucket) to have room.
+    pub quota: Duration,
+    /// For an in-flight slot.
+    pub in_flight: Duration,
+    /// Between attempts, before a retry.
+    pub retry: Duration,
+}
+
+impl Waits {
+    /// The whole time waited.
+    pub fn total(&self) -> Duration {
+        self.queue + self.cooldown + self.quota + self.in_flight + self.retry
+    }
+}
+
 /// What the throttle did for a request, in the extensions of every response it returns
 /// (`response.extensions().get::<ThrottleInfo>()`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -82,9 +105,11 @@ impl Deadline {
 pub struct ThrottleInfo {
     /// Attempts made, the returned one included (1 when no retry was needed).
     pub attempts: u32,
-    /// Time spent waiting in the throttle: for the cooldown, a permit, the quotas, and between
-    /// attempts. Request time is not included.
+    /// Time spent waiting in the throttle: for the cooldown, an in-flight slot, the quotas,
+    /// other callers, and between attempts (`waits.total()`). Request time is not included.
     pub waited: Duration,
+    /// The same time by cause.
+    pub waits: Waits,
     /// The rate-limit hints of the returned response.
     pub hints: Hints,
     /// Why the response was returned although it asked for a retry or was a recognised final

@@ -66,8 +66,8 @@ pub use builder::{
     DEFAULT_WINDOW_GUARD,
 };
 pub use engine::Scope;
-pub use error::{BuildError, ThrottleError};
-pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
+pub use error::{BuildError, ThrottleError, TransportError};
+pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
 pub use headers::{Allowance, Hints, LimitKind};
 pub use policy::StopReason;
 pub use throttle::{Permit, ScopeStats, Stats, Throttle};

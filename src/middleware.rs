@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::body::{has_error_body_to_read, hold_until_body_ends, read_error_body};
 use crate::engine::{count, Lease, Refused, Slot};
 use crate::error::{ThrottleError, TransportError};
-use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
+use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
 use crate::headers::{self, ErrorBody, Hints};
 use crate::policy::{
     cooldown, has_idempotency_key, may_resend_after_failure, Decision, Outcome, RequestFacts,
@@ -67,7 +67,8 @@ struct Call<'a> {
     priority: Priority,
     deadline: Option<Instant>,
     facts: RequestFacts,
-    waited: Duration,
+    /// Time waited in the throttle so far, by cause.
+    waits: Waits,
     /// With a deadline, the previous answer is kept through the retry wait: if the deadline
     /// then stops the next attempt, that answer is returned rather than lost.
     last: Option<(Response, Hints)>,
@@ -138,7 +139,7 @@ impl<'a> Call<'a> {
             priority: extensions.get::<Priority>().copied().unwrap_or_default(),
             deadline,
             facts,
-            waited: Duration::ZERO,
+            waits: Waits::default(),
             last: None,
             deadline_wait: None,
             cooldown: None,
@@ -154,12 +155,10 @@ impl<'a> Call<'a> {
 
     /// Waits for the scope to admit the next attempt; `Err` holds how the call ends instead.
     async fn admit(&mut self) -> std::result::Result<Lease, Result<Response>> {
-        let queued_at = Instant::now();
         let admitted = self
             .scope
-            .admit(self.cost, self.priority, self.deadline)
+            .admit(self.cost, self.priority, self.deadline, &mut self.waits)
             .await;
-        self.waited += queued_at.elapsed();
         match admitted {
             Ok(lease) => {
                 if self.facts.retries > 0 {
@@ -172,7 +171,7 @@ impl<'a> Call<'a> {
                 Err(self.deadline_reached(0, would_wait, None))
             }
             Err(refused) => {
-                let error = refused.into_error(self.facts.retries, self.waited);
+                let error = refused.into_error(self.facts.retries, self.waits.total());
                 Err(Err(Error::middleware(error)))
             }
         }
@@ -271,7 +270,7 @@ impl<'a> Call<'a> {
             .or(self.last.take())
             .filter(|_| deadline.is_some());
         tokio::time::sleep(after).await;
-        self.waited += after;
+        self.waits.retry += after;
         self.facts.retries += 1;
     }
 
@@ -293,7 +292,7 @@ impl<'a> Call<'a> {
             (Err(Error::Reqwest(e)), Decision::Stop(stopped)) if self.facts.retries > 0 => {
                 return Err(Error::middleware(ThrottleError::AttemptsFailed {
                     attempts,
-                    waited: self.waited,
+                    waited: self.waits.total(),
                     stopped,
                     last_error: TransportError::new(e),
                 }));
@@ -307,7 +306,8 @@ impl<'a> Call<'a> {
         };
         let info = ThrottleInfo {
             attempts,
-            waited: self.waited,
+            waited: self.waits.total(),
+            waits: self.waits,
             hints,
             stopped,
             cooldown: self.cooldown,
@@ -329,7 +329,8 @@ impl<'a> Call<'a> {
         if let Some((response, hints)) = self.last.take() {
             let info = ThrottleInfo {
                 attempts,
-                waited: self.waited,
+                waited: self.waits.total(),
+                waits: self.waits,
                 hints,
                 stopped: Some(StopReason::Deadline),
                 cooldown: None,
@@ -344,7 +345,7 @@ impl<'a> Call<'a> {
         };
         Err(Error::middleware(ThrottleError::DeadlineExceeded {
             attempts,
-            waited: self.waited,
+            waited: self.waits.total(),
             would_wait,
             last_error,
         }))

@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use crate::builder::ThrottleBuilder;
 use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused};
 use crate::error::ThrottleError;
-use crate::extensions::Priority;
+use crate::extensions::{Priority, Waits};
 use crate::policy::{BudgetLedger, RetryBudget, RetryPolicy};
 use crate::store::MemoryStore;
 
@@ -215,7 +215,9 @@ impl Throttle {
         priority: Priority,
     ) -> Result<Permit, ThrottleError> {
         let slot = self.inner.engine.unkeyed();
-        let admitted = slot.admit(cost, priority, None).await;
+        let admitted = slot
+            .admit(cost, priority, None, &mut Waits::default())
+            .await;
         let refused = |r: Refused| r.into_error(0, Duration::ZERO);
         admitted.map(|l| Permit { _lease: l }).map_err(refused)
     }

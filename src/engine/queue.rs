@@ -30,6 +30,46 @@ struct Waiter {
     woken: bool,
 }
 
+/// What holds a caller back, as the store answered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blocked {
+    /// Waiting behind other callers.
+    Queue,
+    /// The scope's cooldown, for this long more.
+    Cooldown(Duration),
+    /// A quota, for this long more.
+    Quota(Duration),
+    /// Every in-flight slot is taken.
+    InFlight,
+}
+
+impl Blocked {
+    pub(crate) fn cause(self) -> Cause {
+        match self {
+            Blocked::Queue => Cause::Queue,
+            Blocked::Cooldown(_) => Cause::Cooldown,
+            Blocked::Quota(_) => Cause::Quota,
+            Blocked::InFlight => Cause::InFlight,
+        }
+    }
+}
+
+/// Why a caller waits, for the time it waited ([`Waits`](crate::Waits)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    Queue,
+    Cooldown,
+    Quota,
+    InFlight,
+}
+
+/// What the head was last told holds it back, and until when (for a cooldown or quota).
+#[derive(Debug, Clone, Copy)]
+struct HeadBlock {
+    cause: Cause,
+    until: Option<Instant>,
+}
+
 /// The waiters of one scope.
 #[derive(Debug)]
 pub(crate) struct WaitQueue {
@@ -37,6 +77,7 @@ pub(crate) struct WaitQueue {
     next_seq: u64,
     aging: Duration,
     len: usize,
+    head_block: Option<HeadBlock>,
 }
 
 impl WaitQueue {
@@ -46,7 +87,52 @@ impl WaitQueue {
             next_seq: 0,
             aging,
             len: 0,
+            head_block: None,
         }
+    }
+
+    /// What holds a new arrival back at `now`: `None` with nobody waiting; else what the head
+    /// was last told (a cooldown or quota with the time left), or [`Blocked::Queue`].
+    pub(crate) fn blocked(&self, now: Instant) -> Option<Blocked> {
+        if self.is_empty() {
+            return None;
+        }
+        let left = |until: Option<Instant>| {
+            until
+                .filter(|&u| u > now)
+                .map(|u| u.saturating_duration_since(now))
+        };
+        Some(match self.head_block {
+            Some(HeadBlock {
+                cause: Cause::Cooldown,
+                until,
+            }) => left(until).map_or(Blocked::Queue, Blocked::Cooldown),
+            Some(HeadBlock {
+                cause: Cause::Quota,
+                until,
+            }) => left(until).map_or(Blocked::Queue, Blocked::Quota),
+            Some(HeadBlock {
+                cause: Cause::InFlight,
+                ..
+            }) => Blocked::InFlight,
+            Some(HeadBlock {
+                cause: Cause::Queue,
+                ..
+            })
+            | None => Blocked::Queue,
+        })
+    }
+
+    /// Records what the head was told holds it back, at `now`.
+    pub(crate) fn set_blocked(&mut self, blocked: Blocked, now: Instant) {
+        let until = match blocked {
+            Blocked::Cooldown(d) | Blocked::Quota(d) => Some(crate::clock::instant_after(now, d)),
+            Blocked::Queue | Blocked::InFlight => None,
+        };
+        self.head_block = Some(HeadBlock {
+            cause: blocked.cause(),
+            until,
+        });
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -75,11 +161,19 @@ impl WaitQueue {
         place
     }
 
-    /// Removes a waiter (admitted, or gone) and wakes whoever is the head now.
+    /// Removes a waiter (admitted, or gone) and wakes whoever is the head now, which has yet
+    /// to learn what holds it back.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) {
         if self.lanes[place.lane].remove(&place.seq).is_some() {
             self.len -= 1;
         }
+        self.head_block = None;
+        self.wake_head(now);
+    }
+
+    /// Forgets what held the head back (limits changed) and wakes it.
+    pub(crate) fn limits_changed(&mut self, now: Instant) {
+        self.head_block = None;
         self.wake_head(now);
     }
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio::time::{sleep_until, Instant};
 
-use super::queue::{Place, WaitQueue};
+use super::queue::{Blocked, Cause, Place, WaitQueue};
 use super::Refused;
 use crate::error::ThrottleError;
-use crate::extensions::Priority;
+use crate::extensions::{Priority, Waits};
 use crate::store::{Admission, LeaseId, Limits, ScopeId, Store};
 use crate::sync::lock;
 
@@ -203,12 +203,17 @@ impl<S: Store> Slot<S> {
         self.max_in_flight.store(cap, Ordering::Relaxed);
         let capacity = limits.capacity().unwrap_or(u32::MAX);
         self.capacity.store(capacity, Ordering::Relaxed);
-        lock(&self.queue).wake_head(Instant::now());
+        lock(&self.queue).limits_changed(Instant::now());
         Ok(())
     }
 
     /// Waits until a request of `cost` units and `priority` may be sent in this scope: the
-    /// cooldown is open, an in-flight slot is leased, and every quota has admitted it.
+    /// cooldown is open, an in-flight slot is leased, and every quota has admitted it. The time
+    /// waited is added to `waits`, by cause.
+    ///
+    /// A request of cost 0 that arrives while the head of the queue waits on a quota goes at
+    /// once (the quota does not concern it). A request whose deadline comes before the
+    /// cooldown or quota the head waits on opens is refused at once.
     ///
     /// # Errors
     /// [`Refused::Cost`] when `cost` is more than a quota can ever admit;
@@ -222,6 +227,7 @@ impl<S: Store> Slot<S> {
         cost: u32,
         priority: Priority,
         deadline: Option<Instant>,
+        waits: &mut Waits,
     ) -> Result<Lease, Refused> {
         let capacity = self.capacity.load(Ordering::Relaxed);
         if cost > capacity {
@@ -233,13 +239,16 @@ impl<S: Store> Slot<S> {
         if deadline.is_some_and(|d| d <= Instant::now()) {
             return Err(Refused::Deadline { would_wait: None });
         }
-        let admission = self.admit_inner(cost, priority, deadline);
-        match deadline {
+        let mut clock = WaitClock::start(waits);
+        let admission = self.admit_inner(cost, priority, deadline, &mut clock);
+        let admitted = match deadline {
             Some(d) => tokio::time::timeout_at(d, admission)
                 .await
                 .unwrap_or(Err(Refused::Deadline { would_wait: None })),
             None => admission.await,
-        }
+        };
+        clock.stop();
+        admitted
     }
 
     async fn admit_inner(
@@ -247,25 +256,49 @@ impl<S: Store> Slot<S> {
         cost: u32,
         priority: Priority,
         deadline: Option<Instant>,
+        clock: &mut WaitClock<'_>,
     ) -> Result<Lease, Refused> {
-        // Nobody waiting: try at once, without a place in the queue.
-        if lock(&self.queue).is_empty() {
-            if let Ok(lease) = self.try_once(cost).await? {
-                return Ok(lease);
+        let ahead = lock(&self.queue).blocked(Instant::now());
+        match ahead {
+            // Nobody waiting, or the head waits on a quota that does not concern cost 0: try
+            // at once, without a place in the queue.
+            None => {
+                if let Ok(lease) = self.try_once(cost).await? {
+                    return Ok(lease);
+                }
             }
+            Some(Blocked::Quota(_)) if cost == 0 => {
+                if let Ok(lease) = self.try_once(cost).await? {
+                    return Ok(lease);
+                }
+            }
+            // Nothing goes before the head's cooldown or quota opens: a deadline before that
+            // is told at once.
+            Some(Blocked::Cooldown(d) | Blocked::Quota(d)) => {
+                let ready = crate::clock::instant_after(Instant::now(), d);
+                if deadline.is_some_and(|dl| ready >= dl) {
+                    return Err(Refused::Deadline {
+                        would_wait: Some(d),
+                    });
+                }
+            }
+            Some(Blocked::Queue | Blocked::InFlight) => {}
         }
         // Queued, then tried again as the head: a slot released between the try above and
         // the queueing woke nobody, and must not be missed.
         let ticket = Ticket::new(self, priority);
         loop {
+            clock.now_waiting(Cause::Queue);
             ticket.head().await;
-            let wait = match self.try_once(cost).await? {
+            let blocked = match self.try_once(cost).await? {
                 Ok(lease) => return Ok(lease),
-                Err(wait) => wait,
+                Err(blocked) => blocked,
             };
-            match wait {
-                Some(d) => {
-                    let now = Instant::now();
+            let now = Instant::now();
+            lock(&self.queue).set_blocked(blocked, now);
+            clock.now_waiting(blocked.cause());
+            match blocked {
+                Blocked::Cooldown(d) | Blocked::Quota(d) => {
                     let ready = crate::clock::instant_after(now, d);
                     if deadline.is_some_and(|dl| ready >= dl) {
                         return Err(Refused::Deadline {
@@ -277,16 +310,21 @@ impl<S: Store> Slot<S> {
                         () = ticket.woken() => {}
                     }
                 }
-                None => ticket.woken().await,
+                Blocked::InFlight | Blocked::Queue => match self.store.in_flight_poll() {
+                    Some(poll) => {
+                        tokio::select! {
+                            () = tokio::time::sleep(poll) => {}
+                            () = ticket.woken() => {}
+                        }
+                    }
+                    None => ticket.woken().await,
+                },
             }
         }
     }
 
-    /// One try at the store: the lease, or how long to wait (`None`: until woken).
-    async fn try_once(
-        self: &Arc<Self>,
-        cost: u32,
-    ) -> Result<Result<Lease, Option<Duration>>, Refused> {
+    /// One try at the store: the lease, or what holds it back.
+    async fn try_once(self: &Arc<Self>, cost: u32) -> Result<Result<Lease, Blocked>, Refused> {
         let admission = self
             .store
             .admit(&self.state, cost)
@@ -299,8 +337,9 @@ impl<S: Store> Slot<S> {
                 let slot: Arc<dyn Release> = self.clone();
                 Ok(Lease { slot, id })
             }
-            Admission::NotBefore(d) => Err(Some(d)),
-            Admission::InFlightFull => Err(self.store.in_flight_poll()),
+            Admission::CoolingDown(d) => Err(Blocked::Cooldown(d)),
+            Admission::NotBefore(d) => Err(Blocked::Quota(d)),
+            Admission::InFlightFull => Err(Blocked::InFlight),
             Admission::CostTooLarge { capacity } => {
                 return Err(Refused::Cost(ThrottleError::CostExceedsQuota {
                     cost,
@@ -308,5 +347,41 @@ impl<S: Store> Slot<S> {
                 }))
             }
         })
+    }
+}
+
+/// Adds the time between its marks to a [`Waits`], to the cause in force.
+struct WaitClock<'a> {
+    waits: &'a mut Waits,
+    since: Instant,
+    cause: Cause,
+}
+
+impl<'a> WaitClock<'a> {
+    fn start(waits: &'a mut Waits) -> Self {
+        Self {
+            waits,
+            since: Instant::now(),
+            cause: Cause::Queue,
+        }
+    }
+
+    /// Closes the span so far under the cause in force, and opens one under `cause`.
+    fn now_waiting(&mut self, cause: Cause) {
+        let now = Instant::now();
+        let span = now.saturating_duration_since(self.since);
+        let total = match self.cause {
+            Cause::Queue => &mut self.waits.queue,
+            Cause::Cooldown => &mut self.waits.cooldown,
+            Cause::Quota => &mut self.waits.quota,
+            Cause::InFlight => &mut self.waits.in_flight,
+        };
+        *total += span;
+        self.since = now;
+        self.cause = cause;
+    }
+
+    fn stop(mut self) {
+        self.now_waiting(Cause::Queue);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
-use crate::extensions::Priority;
+use crate::extensions::{Priority, Waits};
 use crate::store::{MemoryStore, WindowQuota};
 
 const S: Duration = Duration::from_secs(1);
@@ -32,11 +32,18 @@ fn window(limit: u32, window: Duration) -> WindowQuota {
 async fn a_larger_in_flight_cap_admits_waiters_at_once() {
     let engine = engine(Limits::new().with_max_in_flight(Some(1)));
     let slot = engine.unkeyed().clone();
-    let held = slot.admit(1, Priority::Normal, None).await.unwrap();
+    let held = slot
+        .admit(1, Priority::Normal, None, &mut Waits::default())
+        .await
+        .unwrap();
     let waiters: Vec<_> = (0..2)
         .map(|_| {
             let slot = slot.clone();
-            tokio::spawn(async move { slot.admit(1, Priority::Normal, None).await.map(drop) })
+            tokio::spawn(async move {
+                slot.admit(1, Priority::Normal, None, &mut Waits::default())
+                    .await
+                    .map(drop)
+            })
         })
         .collect();
     tokio::task::yield_now().await;
@@ -58,14 +65,22 @@ async fn a_smaller_cap_revokes_nothing_and_admits_once_below_it() {
     let slot = engine.unkeyed().clone();
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(slot.admit(1, Priority::Normal, None).await.unwrap());
+        held.push(
+            slot.admit(1, Priority::Normal, None, &mut Waits::default())
+                .await
+                .unwrap(),
+        );
     }
     slot.set_limits(&Limits::new().with_max_in_flight(Some(1)))
         .await
         .unwrap();
     let waiter = tokio::spawn({
         let slot = slot.clone();
-        async move { slot.admit(1, Priority::Normal, None).await.map(drop) }
+        async move {
+            slot.admit(1, Priority::Normal, None, &mut Waits::default())
+                .await
+                .map(drop)
+        }
     });
     for _ in 0..2 {
         held.pop();
@@ -81,11 +96,17 @@ async fn a_grown_window_wakes_a_waiter_before_its_planned_time() {
     let engine = engine(Limits::new().with_window(window(1, 60 * S)));
     let slot = engine.unkeyed().clone();
     let t0 = Instant::now();
-    drop(slot.admit(1, Priority::Normal, None).await.unwrap());
+    drop(
+        slot.admit(1, Priority::Normal, None, &mut Waits::default())
+            .await
+            .unwrap(),
+    );
     let waiter = tokio::spawn({
         let slot = slot.clone();
         async move {
-            slot.admit(1, Priority::Normal, None).await.map(drop)?;
+            slot.admit(1, Priority::Normal, None, &mut Waits::default())
+                .await
+                .map(drop)?;
             Ok::<_, Refused>(Instant::now())
         }
     });
@@ -100,10 +121,18 @@ async fn a_grown_window_wakes_a_waiter_before_its_planned_time() {
 async fn a_waiter_whose_cost_no_longer_fits_is_refused() {
     let engine = engine(Limits::new().with_window(window(10, 60 * S)));
     let slot = engine.unkeyed().clone();
-    drop(slot.admit(10, Priority::Normal, None).await.unwrap());
+    drop(
+        slot.admit(10, Priority::Normal, None, &mut Waits::default())
+            .await
+            .unwrap(),
+    );
     let waiter = tokio::spawn({
         let slot = slot.clone();
-        async move { slot.admit(8, Priority::Normal, None).await.map(drop) }
+        async move {
+            slot.admit(8, Priority::Normal, None, &mut Waits::default())
+                .await
+                .map(drop)
+        }
     });
     tokio::time::sleep(S).await;
     slot.set_limits(&Limits::new().with_window(window(5, 60 * S)))
@@ -248,7 +277,10 @@ mod resize_under_load {
                         tokio::time::sleep(Duration::from_millis(job.start_ms)).await;
                         let work = async {
                             let cost = job.cost.min(2);
-                            let _lease = match slot.admit(cost, job.priority, None).await {
+                            let _lease = match slot
+                                .admit(cost, job.priority, None, &mut Waits::default())
+                                .await
+                            {
                                 Ok(lease) => lease,
                                 // A cost above a shrunk limit is refused, never admitted.
                                 Err(Refused::Cost(_)) => return,

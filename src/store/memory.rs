@@ -42,7 +42,7 @@ impl State {
             return Admission::CostTooLarge { capacity };
         }
         if let Some(until) = self.cooldown_until.filter(|&u| u > now) {
-            return Admission::NotBefore(until - now);
+            return Admission::CoolingDown(until - now);
         }
         if self.max_in_flight.is_some_and(|cap| self.in_flight >= cap) {
             return Admission::InFlightFull;

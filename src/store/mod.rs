@@ -118,8 +118,11 @@ pub struct LeaseId(pub u64);
 pub enum Admission {
     /// Admitted: the quotas are charged and the lease is held until released.
     Admitted(LeaseId),
-    /// Not now: the cooldown is closed or a quota is full; nothing was charged. Worth trying
-    /// again after this long.
+    /// Not now: the scope's cooldown is closed for this long more; nothing was charged. It
+    /// holds every request of the scope, whatever its cost.
+    CoolingDown(Duration),
+    /// Not now: a quota is full; nothing was charged. Worth trying again after this long. A
+    /// request of cost 0 is never answered this.
     NotBefore(Duration),
     /// Every in-flight slot is leased; nothing was charged. Worth trying again when a lease is
     /// released.

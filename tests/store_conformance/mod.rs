@@ -552,7 +552,10 @@ pub async fn cooldown_refusal_charges_nothing<S: Store>(store: &S) {
     let scope = open(store, &limits);
     close_cooldown(store, &scope, secs(5)).await;
     for _ in 0..5 {
-        assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(5)));
+        assert_eq!(
+            admit(store, &scope, 1).await,
+            Admission::CoolingDown(secs(5))
+        );
     }
     advance(secs(5)).await;
     assert!(
@@ -652,17 +655,32 @@ pub async fn cooldown_closes_and_only_lengthens<S: Store>(store: &S) {
     store.release(&scope, lease);
 
     close_cooldown(store, &scope, secs(5)).await;
-    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(5)));
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::CoolingDown(secs(5))
+    );
     advance(secs(1)).await;
-    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(4)));
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::CoolingDown(secs(4))
+    );
     close_cooldown(store, &scope, secs(2)).await;
-    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(4)));
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::CoolingDown(secs(4))
+    );
     close_cooldown(store, &scope, secs(4)).await;
-    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(4)));
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::CoolingDown(secs(4))
+    );
     close_cooldown(store, &scope, secs(6)).await;
-    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(6)));
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::CoolingDown(secs(6))
+    );
     advance(secs(6) - ms(1)).await;
-    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(ms(1)));
+    assert_eq!(admit(store, &scope, 1).await, Admission::CoolingDown(ms(1)));
     advance(ms(1)).await;
     let lease = admitted(admit(store, &scope, 1).await);
     store.release(&scope, lease);
@@ -676,8 +694,8 @@ pub async fn cooldown_of_duration_max_does_not_overflow<S: Store>(store: &S) {
     let scope = open(store, &Limits::new());
     close_cooldown(store, &scope, Duration::MAX).await;
     let answer = admit(store, &scope, 1).await;
-    let Admission::NotBefore(wait) = answer else {
-        panic!("expected NotBefore, got {answer:?}");
+    let Admission::CoolingDown(wait) = answer else {
+        panic!("expected CoolingDown, got {answer:?}");
     };
     assert!(
         wait >= YEAR,
@@ -687,8 +705,8 @@ pub async fn cooldown_of_duration_max_does_not_overflow<S: Store>(store: &S) {
     advance(secs(3600)).await;
     close_cooldown(store, &scope, secs(1)).await;
     let answer = admit(store, &scope, 1).await;
-    let Admission::NotBefore(later) = answer else {
-        panic!("expected NotBefore, got {answer:?}");
+    let Admission::CoolingDown(later) = answer else {
+        panic!("expected CoolingDown, got {answer:?}");
     };
     assert!(
         later >= YEAR,
@@ -918,7 +936,7 @@ pub async fn scopes_are_independent<S: Store>(store: &S) {
     assert!(store.is_idle(&b));
     let lease = admitted(admit(store, &b, 1).await);
     store.release(&b, lease);
-    assert_eq!(admit(store, &a, 1).await, Admission::NotBefore(secs(5)));
+    assert_eq!(admit(store, &a, 1).await, Admission::CoolingDown(secs(5)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1139,7 +1157,7 @@ impl Model {
         }
         let cooldown = self.cooldown(now);
         if let Some(cd) = cooldown {
-            refusals.push(Admission::NotBefore(cd));
+            refusals.push(Admission::CoolingDown(cd));
         }
         if self.held.len() >= self.cap {
             refusals.push(Admission::InFlightFull);
@@ -1147,9 +1165,6 @@ impl Model {
         if !too_large && cost > 0 {
             if let Some(w) = self.window_wait(cost, now) {
                 refusals.push(Admission::NotBefore(w));
-                if let Some(cd) = cooldown {
-                    refusals.push(Admission::NotBefore(cd.max(w)));
-                }
             }
         }
         refusals
@@ -1193,10 +1208,16 @@ impl Model {
             }
             refused => {
                 if let Admission::NotBefore(d) = refused {
-                    let bound = PROP_SPAN.max(self.cooldown(now).unwrap_or_default());
+                    assert!(
+                        d > Duration::ZERO && d <= PROP_SPAN,
+                        "NotBefore({d:?}) outside (0, {PROP_SPAN:?}]"
+                    );
+                }
+                if let Admission::CoolingDown(d) = refused {
+                    let bound = self.cooldown(now).unwrap_or_default();
                     assert!(
                         d > Duration::ZERO && d <= bound,
-                        "NotBefore({d:?}) outside (0, {bound:?}]"
+                        "CoolingDown({d:?}) outside (0, {bound:?}]"
                     );
                 }
                 if self.exact {
