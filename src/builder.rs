@@ -129,7 +129,8 @@ impl ThrottleBuilder {
 
     /// Caps requests in flight at `n`. A request is in flight from its send until its response
     /// body has been read to the end, failed, or been dropped (so a streaming response counts
-    /// until it finishes). Waiters are served first in, first out.
+    /// until it finishes). The cap applies to each [`scope`](Self::scope). Waiters are served
+    /// highest [`Priority`](crate::Priority) first, first in first out within a priority.
     ///
     /// `build` fails with [`BuildError::ZeroInFlight`] for 0, and
     /// [`BuildError::InFlightTooLarge`] above tokio's semaphore limit.

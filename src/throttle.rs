@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::builder::ThrottleBuilder;
-use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused};
+use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused, Slot};
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
 use crate::policy::{BudgetLedger, RetryBudget, RetryPolicy};
@@ -77,7 +77,8 @@ pub struct Stats {
     /// In-flight slots free now in the live scopes, summed (before the first request, the cap
     /// a scope starts with), or `None` with no in-flight cap.
     pub available_permits: Option<usize>,
-    /// Keyed scopes alive now (the unkeyed scope and the overflow scope not counted).
+    /// Keyed scopes alive now (the unkeyed scope, used by [`Scope::global`](crate::Scope::global)
+    /// and [`Throttle::acquire`], and the overflow scope not counted).
     pub scopes: usize,
 }
 
@@ -190,7 +191,9 @@ impl Throttle {
     /// through the middleware would (cooldown, in-flight slot, quotas), and returns its
     /// [`Permit`]. Use it to pace work that is not a `reqwest` request; the work counts as in
     /// flight until the permit is dropped. The work is admitted in the unkeyed scope (the only
-    /// scope of [`Scope::global`](crate::Scope::global)), at [`Priority::Normal`].
+    /// scope of [`Scope::global`](crate::Scope::global)), at [`Priority::Normal`]: under a keyed
+    /// scope (the default is per authority) it does not share the limits of requests; use
+    /// [`acquire_for`](Self::acquire_for) for that.
     ///
     /// # Errors
     /// [`ThrottleError::CostExceedsQuota`] at once when `cost` is more than a quota can admit.
@@ -200,6 +203,25 @@ impl Throttle {
     /// nothing, at the moment of admission.
     pub async fn acquire(&self, cost: u32) -> Result<Permit, ThrottleError> {
         self.acquire_with_priority(cost, Priority::Normal).await
+    }
+
+    /// [`acquire`](Self::acquire) in the scope `request` would be sent in, at `priority`: for
+    /// work that must share the limits of requests to an API under a keyed
+    /// [`Scope`](crate::Scope) (per authority, per header), which [`acquire`](Self::acquire)
+    /// does not. `request` is only read (its URL and headers), never sent.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_for(
+        &self,
+        request: &reqwest::Request,
+        cost: u32,
+        priority: Priority,
+    ) -> Result<Permit, ThrottleError> {
+        permit_in(&self.inner.engine.scope_of(request), cost, priority).await
     }
 
     /// [`acquire`](Self::acquire) at `priority`.
@@ -214,18 +236,26 @@ impl Throttle {
         cost: u32,
         priority: Priority,
     ) -> Result<Permit, ThrottleError> {
-        let slot = self.inner.engine.unkeyed();
-        let admitted = slot
-            .admit(cost, priority, None, &mut Waits::default())
-            .await;
-        let refused = |r: Refused| r.into_error(0, Duration::ZERO);
-        admitted.map(|l| Permit { _lease: l }).map_err(refused)
+        permit_in(self.inner.engine.unkeyed(), cost, priority).await
     }
 
     /// The retry policy this throttle applies.
     pub fn retry_policy(&self) -> &RetryPolicy {
         &self.inner.policy
     }
+}
+
+/// Admission in `slot` for work that is not a request.
+async fn permit_in(
+    slot: &Arc<Slot<DefaultStore>>,
+    cost: u32,
+    priority: Priority,
+) -> Result<Permit, ThrottleError> {
+    let admitted = slot
+        .admit(cost, priority, None, &mut Waits::default())
+        .await;
+    let refused = |r: Refused| r.into_error(0, Duration::ZERO);
+    admitted.map(|l| Permit { _lease: l }).map_err(refused)
 }
 
 impl fmt::Debug for Throttle {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use http::HeaderName;
-use reqwest_throttle::{Scope, Throttle, ThrottleBuilder};
+use reqwest_throttle::{Priority, Scope, Throttle, ThrottleBuilder};
 use tokio::time::Instant;
 
 mod common;
@@ -218,4 +218,50 @@ async fn at_the_cap_idle_scopes_make_room() {
         c.get(format!("http://{host}/")).send().await.unwrap();
     }
     assert_eq!(labels(&throttle), ["http://c.test:80", "http://d.test:80"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_for_shares_the_scope_of_a_request() {
+    let server = FakeServer::new(|_, _| json(200, &[], "{\"unread\": true}"));
+    let throttle = Throttle::builder().max_in_flight(1).build().unwrap();
+    let c = server.client(&throttle);
+    // Unread, the answer holds a.test's only slot.
+    let held = c.get("http://a.test/v1").send().await.unwrap();
+    let to_a = reqwest::Request::new(http::Method::GET, "http://a.test/batch".parse().unwrap());
+    let to_b = reqwest::Request::new(http::Method::GET, "http://b.test/".parse().unwrap());
+    // Another scope, and the unkeyed scope of `acquire`, are free.
+    drop(
+        throttle
+            .acquire_for(&to_b, 1, Priority::Normal)
+            .await
+            .unwrap(),
+    );
+    drop(throttle.acquire(1).await.unwrap());
+    let waiting = tokio::spawn({
+        let throttle = throttle.clone();
+        async move {
+            throttle
+                .acquire_for(&to_a, 1, Priority::Normal)
+                .await
+                .map(drop)
+        }
+    });
+    tokio::time::sleep(10 * S).await;
+    assert!(!waiting.is_finished(), "a.test's slot is held");
+    drop(held);
+    waiting.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_scopes_are_gone_from_the_stats_without_new_traffic() {
+    let server = FakeServer::ok();
+    let throttle = Throttle::builder().scope_idle_ttl(60 * S).build().unwrap();
+    let c = server.client(&throttle);
+    for host in ["a.test", "b.test"] {
+        c.get(format!("http://{host}/")).send().await.unwrap();
+    }
+    assert_eq!(labels(&throttle), ["http://a.test:80", "http://b.test:80"]);
+    tokio::time::advance(91 * S).await;
+    assert_eq!(labels(&throttle), Vec::<String>::new());
+    assert_eq!(throttle.stats().scopes, 0);
 }

@@ -180,11 +180,16 @@ impl<S: Store> Registry<S> {
     }
 
     /// Every live scope: the unkeyed one (if made), the keyed ones, and the overflow scope.
+    /// Forgets the idle ones first if a sweep is due, so what is reported is what is alive.
     pub(crate) fn each(&self, mut f: impl FnMut(&Slot<S>)) {
         if let Some(unkeyed) = self.unkeyed.get() {
             f(unkeyed);
         }
-        let map = lock(&self.map);
+        let mut map = lock(&self.map);
+        let now = Instant::now();
+        if now >= map.next_sweep {
+            self.sweep(&mut map, now, false);
+        }
         map.slots.values().for_each(|s| f(s));
         if let Some(overflow) = &map.overflow {
             f(overflow);
