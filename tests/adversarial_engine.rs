@@ -13,17 +13,10 @@ use reqwest_throttle::{Deadline, Priority, Scope, Stats, Throttle, ThrottleError
 use tokio::time::Instant;
 
 mod common;
-use common::{json, status, FakeServer};
+use common::{busiest_window, json, paused_runtime, settle, status, FakeServer};
 
 const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
-
-/// Lets every runnable task run (time does not move).
-async fn settle() {
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
-}
 
 /// Spawns a caller that acquires one unit at `priority`, records `tag` when admitted, and holds
 /// its permit for `hold`.
@@ -410,11 +403,7 @@ fn simulate(
     aging: Duration,
     callers: Vec<Caller>,
 ) -> Result<(), TestCaseError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     rt.block_on(async move {
         let throttle = Throttle::builder()
             .sliding_window(limit, window)
@@ -498,12 +487,7 @@ fn simulate(
         }
         prop_assert!(peak.load(Ordering::SeqCst) <= cap);
         let log = log.lock().unwrap().clone();
-        for (i, &(start, _)) in log.iter().enumerate() {
-            let used: u32 = log[i..]
-                .iter()
-                .take_while(|(t, _)| *t < start + window)
-                .map(|(_, c)| c)
-                .sum();
+        if let Some((used, start)) = busiest_window(&log, window) {
             prop_assert!(used <= limit, "{used} units in the window from {start:?}");
         }
         for (i, c) in callers.iter().enumerate() {
@@ -703,11 +687,7 @@ fn simulate_scopes(
     retries: u32,
     calls: Vec<Call>,
 ) -> Result<(), TestCaseError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     rt.block_on(async move {
         let throttle = Throttle::builder()
             .sliding_window(limit, window)

@@ -10,6 +10,9 @@ use proptest::prelude::*;
 use reqwest_throttle::Throttle;
 use tokio::time::Instant;
 
+mod common;
+use common::{busiest_window, paused_runtime};
+
 #[derive(Debug, Clone)]
 struct Job {
     cost: u32,
@@ -43,11 +46,7 @@ impl Drop for InFlight {
 }
 
 fn run(cap: usize, limit: u32, window: Duration, jobs: Vec<Job>) -> Result<(), TestCaseError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     rt.block_on(async move {
         let throttle = Throttle::builder()
             .sliding_window(limit, window)
@@ -88,15 +87,10 @@ fn run(cap: usize, limit: u32, window: Duration, jobs: Vec<Job>) -> Result<(), T
         }
         prop_assert!(peak.load(Ordering::SeqCst) <= cap);
         let sends = sends.lock().unwrap();
-        for (i, &(start, _)) in sends.iter().enumerate() {
-            let used: u32 = sends[i..]
-                .iter()
-                .take_while(|(t, _)| *t < start + window)
-                .map(|(_, c)| c)
-                .sum();
+        if let Some((used, start)) = busiest_window(&sends, window) {
             prop_assert!(
                 used <= limit,
-                "{used} units in the window from {i}: {sends:?}"
+                "{used} units in the window from {start:?}: {sends:?}"
             );
         }
         let stats = throttle.stats();

@@ -8,16 +8,9 @@ use reqwest_throttle::{Priority, Scope, Throttle};
 use tokio::time::Instant;
 
 mod common;
-use common::{info, FakeServer};
+use common::{info, settle, FakeServer};
 
 const S: Duration = Duration::from_secs(1);
-
-/// Lets every runnable task run (time does not move).
-async fn settle() {
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
-}
 
 /// Queues `n` callers of `priority`, each recording `(tag, i)` when admitted and holding its
 /// permit for `hold`.

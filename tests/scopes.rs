@@ -4,20 +4,13 @@
 use std::time::Duration;
 
 use http::HeaderName;
-use reqwest_throttle::{Priority, Scope, Throttle, ThrottleBuilder};
+use reqwest_throttle::{Priority, Scope, Throttle};
 use tokio::time::Instant;
 
 mod common;
-use common::{info, json, status, FakeServer};
+use common::{info, json, status, windowed, FakeServer};
 
 const S: Duration = Duration::from_secs(1);
-
-/// A builder with one sliding window of `limit` per `window` and no guard.
-fn windowed(limit: u32, window: Duration) -> ThrottleBuilder {
-    Throttle::builder()
-        .sliding_window(limit, window)
-        .window_guard(Duration::ZERO)
-}
 
 /// The labels of the live scopes, sorted.
 fn labels(throttle: &Throttle) -> Vec<String> {

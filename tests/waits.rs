@@ -7,16 +7,9 @@ use reqwest_throttle::{Cost, Deadline, Throttle, ThrottleError, Waits};
 use tokio::time::Instant;
 
 mod common;
-use common::{info, json, status, FakeServer};
+use common::{info, refuses_once, status, windowed, FakeServer};
 
 const S: Duration = Duration::from_secs(1);
-
-/// A builder with one sliding window of `limit` per `window` and no guard.
-fn windowed(limit: u32, window: Duration) -> reqwest_throttle::ThrottleBuilder {
-    Throttle::builder()
-        .sliding_window(limit, window)
-        .window_guard(Duration::ZERO)
-}
 
 fn waits(queue: Duration, cooldown: Duration, quota: Duration, in_flight: Duration) -> Waits {
     let mut w = Waits::default();
@@ -40,14 +33,7 @@ async fn the_time_waited_is_split_by_cause() {
     assert_eq!(info(&r).waited, 3 * S);
 
     // A cooldown of 30 s, then a retry after it.
-    let server = FakeServer::new(|i, _| match i {
-        0 => json(
-            429,
-            &[("retry-after", "30"), ("rate_limit_type", "rpm")],
-            "{}",
-        ),
-        _ => status(200),
-    });
+    let server = refuses_once("30");
     let throttle = Throttle::builder().jitter(false).build().unwrap();
     let c = server.client(&throttle);
     let r = c.get("http://b.test/").send().await.unwrap();
@@ -57,14 +43,7 @@ async fn the_time_waited_is_split_by_cause() {
         (2, 30 * S, z)
     );
     // The retry slept through the cooldown; a caller arriving during it waits on it.
-    let server = FakeServer::new(|i, _| match i {
-        0 => json(
-            429,
-            &[("retry-after", "30"), ("rate_limit_type", "rpm")],
-            "{}",
-        ),
-        _ => status(200),
-    });
+    let server = refuses_once("30");
     let throttle = Throttle::builder().max_retries(0).build().unwrap();
     let c = server.client(&throttle);
     c.get("http://c.test/").send().await.unwrap();

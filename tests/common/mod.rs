@@ -126,3 +126,58 @@ pub fn info(r: &reqwest::Response) -> reqwest_throttle::ThrottleInfo {
         .cloned()
         .expect("every response carries ThrottleInfo")
 }
+
+/// A current-thread runtime with paused time, for property tests (one per case).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// Lets every runnable task run (time does not move).
+pub async fn settle() {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A builder with one sliding window of `limit` per `window` and no guard.
+pub fn windowed(limit: u32, window: std::time::Duration) -> reqwest_throttle::ThrottleBuilder {
+    Throttle::builder()
+        .sliding_window(limit, window)
+        .window_guard(std::time::Duration::ZERO)
+}
+
+/// The most units sent in any window of length `window` (sends sorted by time), with the
+/// start of that window: the check that a sliding window held.
+pub fn busiest_window(
+    sends: &[(Instant, u32)],
+    window: std::time::Duration,
+) -> Option<(u32, Instant)> {
+    (0..sends.len())
+        .map(|i| {
+            let start = sends[i].0;
+            let used = sends[i..]
+                .iter()
+                .take_while(|(t, _)| *t < start + window)
+                .map(|(_, units)| units)
+                .sum();
+            (used, start)
+        })
+        .max_by_key(|&(used, _)| used)
+}
+
+/// `429` with a requests-per-minute limit and `Retry-After: secs` for the first request, `200`
+/// after.
+pub fn refuses_once(secs: &'static str) -> FakeServer {
+    FakeServer::new(move |i, _| match i {
+        0 => json(
+            429,
+            &[("retry-after", secs), ("rate_limit_type", "rpm")],
+            "{}",
+        ),
+        _ => status(200),
+    })
+}
