@@ -239,7 +239,7 @@ impl<S: Store> Slot<S> {
         if deadline.is_some_and(|d| d <= Instant::now()) {
             return Err(Refused::Deadline { would_wait: None });
         }
-        let mut clock = WaitClock::start(waits);
+        let mut clock = WaitClock::new(waits);
         let admission = self.admit_inner(cost, priority, deadline, &mut clock);
         let admitted = match deadline {
             Some(d) => tokio::time::timeout_at(d, admission)
@@ -258,7 +258,13 @@ impl<S: Store> Slot<S> {
         deadline: Option<Instant>,
         clock: &mut WaitClock<'_>,
     ) -> Result<Lease, Refused> {
-        let ahead = lock(&self.queue).blocked(Instant::now());
+        let ahead = {
+            let queue = lock(&self.queue);
+            // Read the clock only when someone waits: not on the hot path.
+            (!queue.is_empty())
+                .then(|| queue.blocked(Instant::now()))
+                .flatten()
+        };
         match ahead {
             // Nobody waiting, or the head waits on a quota that does not concern cost 0: try
             // at once, without a place in the queue.
@@ -286,6 +292,7 @@ impl<S: Store> Slot<S> {
         }
         // Queued, then tried again as the head: a slot released between the try above and
         // the queueing woke nobody, and must not be missed.
+        clock.start();
         let ticket = Ticket::new(self, priority);
         loop {
             clock.now_waiting(Cause::Queue);
@@ -350,26 +357,36 @@ impl<S: Store> Slot<S> {
     }
 }
 
-/// Adds the time between its marks to a [`Waits`], to the cause in force.
+/// Adds the time between its marks to a [`Waits`], to the cause in force. Reads the clock
+/// only once started: a caller admitted at once never does.
 struct WaitClock<'a> {
     waits: &'a mut Waits,
-    since: Instant,
+    /// When the open span began, once the caller has started to wait.
+    since: Option<Instant>,
     cause: Cause,
 }
 
 impl<'a> WaitClock<'a> {
-    fn start(waits: &'a mut Waits) -> Self {
+    fn new(waits: &'a mut Waits) -> Self {
         Self {
             waits,
-            since: Instant::now(),
+            since: None,
             cause: Cause::Queue,
         }
     }
 
+    /// The caller starts to wait now.
+    fn start(&mut self) {
+        self.since = Some(Instant::now());
+    }
+
     /// Closes the span so far under the cause in force, and opens one under `cause`.
     fn now_waiting(&mut self, cause: Cause) {
+        let Some(since) = self.since else {
+            return;
+        };
         let now = Instant::now();
-        let span = now.saturating_duration_since(self.since);
+        let span = now.saturating_duration_since(since);
         let total = match self.cause {
             Cause::Queue => &mut self.waits.queue,
             Cause::Cooldown => &mut self.waits.cooldown,
@@ -377,7 +394,7 @@ impl<'a> WaitClock<'a> {
             Cause::InFlight => &mut self.waits.in_flight,
         };
         *total += span;
-        self.since = now;
+        self.since = Some(now);
         self.cause = cause;
     }
 
