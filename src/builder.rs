@@ -128,8 +128,10 @@ impl ThrottleBuilder {
     }
 
     /// Caps requests in flight at `n`. A request is in flight from its send until its response
-    /// body has been read to the end, failed, or been dropped (so a streaming response counts
-    /// until it finishes). Waiters are served first in, first out.
+    /// body has been read to the end or dropped (so a streaming response counts until it
+    /// finishes). A body whose read fails (a client timeout, a cut connection) stays in flight
+    /// until the response is dropped: until then it holds its connection, which the server
+    /// still counts. Waiters are served first in, first out.
     ///
     /// `build` fails with [`BuildError::ZeroInFlight`] for 0, and
     /// [`BuildError::InFlightTooLarge`] above tokio's semaphore limit.
