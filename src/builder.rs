@@ -119,6 +119,21 @@ impl ThrottleBuilder {
     /// minute): against a server that counts a sliding window, use
     /// [`sliding_window`](Self::sliding_window). At most 64 token buckets.
     ///
+    /// [`Quota`] is re-exported as `reqwest_throttle::Quota`, so `governor` need not be a
+    /// dependency of yours:
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use reqwest_throttle::{Quota, Throttle};
+    ///
+    /// let per_second = NonZeroU32::new(50).unwrap();
+    /// let burst = NonZeroU32::new(20).unwrap();
+    /// let throttle = Throttle::builder()
+    ///     .token_bucket(Quota::per_second(per_second).allow_burst(burst))
+    ///     .build()?;
+    /// # drop(throttle);
+    /// # Ok::<(), reqwest_throttle::BuildError>(())
+    /// ```
+    ///
     /// `build` fails with [`BuildError::TooManyTokenBuckets`] past 64, and
     /// [`BuildError::TokenBucketTooSlow`] for a bucket that takes over 100 years to refill its
     /// burst.

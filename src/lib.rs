@@ -69,6 +69,9 @@ pub use builder::{
 pub use engine::Scope;
 pub use error::{BuildError, ThrottleError};
 pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo};
+/// `governor`'s token-bucket quota, for [`ThrottleBuilder::token_bucket`], re-exported so that
+/// `governor` need not be a direct dependency.
+pub use governor::Quota;
 pub use headers::{Allowance, Hints, LimitKind};
 pub use policy::StopReason;
 pub use throttle::{Permit, ScopeStats, Stats, Throttle};
