@@ -68,13 +68,16 @@ pub enum BuildError {
 #[non_exhaustive]
 pub enum ThrottleError {
     /// The request's [`Cost`](crate::Cost) is larger than a quota can ever admit, so it would
-    /// wait forever.
-    #[error("request cost {cost} exceeds the capacity {capacity} of a quota")]
+    /// wait forever. Displayed as, e.g., "request cost 500 exceeds the capacity 120 of the
+    /// sliding window of 120 per 60s".
+    #[error("request cost {cost} exceeds the capacity {capacity} of the {quota}")]
     CostExceedsQuota {
         /// The cost the request asked for, in quota units.
         cost: u32,
         /// The most the quota can admit at once, in quota units.
         capacity: u32,
+        /// The quota: the one with the smallest capacity in the request's scope.
+        quota: crate::store::QuotaName,
     },
     /// The request's deadline came before it could be sent or answered; when a response had
     /// arrived and only a retry wait would pass the deadline, that response is returned
