@@ -12,7 +12,12 @@ use reqwest::ResponseBuilderExt;
 use crate::engine::Lease;
 use crate::headers::{parse_error_body, ErrorBody, MAX_ERROR_BODY};
 
-/// Wraps a body and drops the permit when the body ends, fails, or is dropped.
+/// Wraps a body and holds the in-flight permit for as long as the server may still count the
+/// request: the permit is dropped when the body reaches its end, or when the body is dropped.
+///
+/// A body that fails (a client timeout, a broken chunk) keeps the permit until it is dropped:
+/// the failed body still holds the connection, which the server counts as a request in
+/// progress until the client closes it, and it closes it only when the response body goes.
 #[derive(Debug)]
 struct PermitBody {
     inner: reqwest::Body,
@@ -28,7 +33,13 @@ impl Body for PermitBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
         let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if !matches!(frame, Some(Ok(_))) || self.inner.is_end_stream() {
+        // The end releases at once; an error keeps the permit until the body is dropped.
+        let ended = match &frame {
+            None => true,
+            Some(Ok(_)) => self.inner.is_end_stream(),
+            Some(Err(_)) => false,
+        };
+        if ended {
             self.permit = None;
         }
         Poll::Ready(frame)

@@ -105,7 +105,10 @@ impl ThrottleBuilder {
     /// The first `limit` may go at once. This is what a server that counts "N per minute" over
     /// a sliding window enforces. May be called several times; every quota must admit a request.
     ///
-    /// `build` fails with [`BuildError::ZeroLimit`] or [`BuildError::ZeroWindow`].
+    /// `build` fails with [`BuildError::ZeroLimit`] for a zero `limit`,
+    /// [`BuildError::ZeroWindow`] for a zero `window`, and [`BuildError::WindowGuardTooLong`]
+    /// for a `window` shorter than the [`window_guard`](Self::window_guard) (100 ms by
+    /// default); each names the window by its index, 0 for the first added.
     pub fn sliding_window(mut self, limit: u32, window: Duration) -> Self {
         self.windows.push((limit, window));
         self
@@ -119,17 +122,34 @@ impl ThrottleBuilder {
     /// minute): against a server that counts a sliding window, use
     /// [`sliding_window`](Self::sliding_window). At most 64 token buckets.
     ///
+    /// [`Quota`] is re-exported as `reqwest_throttle::Quota`, so `governor` need not be a
+    /// dependency of yours:
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use reqwest_throttle::{Quota, Throttle};
+    ///
+    /// let per_second = NonZeroU32::new(50).unwrap();
+    /// let burst = NonZeroU32::new(20).unwrap();
+    /// let throttle = Throttle::builder()
+    ///     .token_bucket(Quota::per_second(per_second).allow_burst(burst))
+    ///     .build()?;
+    /// # drop(throttle);
+    /// # Ok::<(), reqwest_throttle::BuildError>(())
+    /// ```
+    ///
     /// `build` fails with [`BuildError::TooManyTokenBuckets`] past 64, and
-    /// [`BuildError::TokenBucketTooSlow`] for a bucket that takes over 100 years to refill its
-    /// burst.
+    /// [`BuildError::TokenBucketTooSlow`] (naming the bucket by its index, 0 for the first
+    /// added) for a bucket that takes over 100 years to refill its burst.
     pub fn token_bucket(mut self, quota: Quota) -> Self {
         self.buckets.push(quota);
         self
     }
 
     /// Caps requests in flight at `n`. A request is in flight from its send until its response
-    /// body has been read to the end, failed, or been dropped (so a streaming response counts
-    /// until it finishes). The cap applies to each [`scope`](Self::scope). Waiters are served
+    /// body has been read to the end or dropped (so a streaming response counts until it
+    /// finishes). A body whose read fails (a client timeout, a cut connection) stays in flight
+    /// until the response is dropped: until then it holds its connection, which the server
+    /// still counts. The cap applies to each [`scope`](Self::scope). Waiters are served
     /// highest [`Priority`](crate::Priority) first, first in first out within a priority.
     ///
     /// `build` fails with [`BuildError::ZeroInFlight`] for 0, and
@@ -173,6 +193,10 @@ impl ThrottleBuilder {
     /// [`ThrottleInfo::stopped`](crate::ThrottleInfo::stopped) saying so, and closes no shared
     /// cooldown: no caller is held that long in silence; each later caller goes and receives
     /// the server's own answer.
+    ///
+    /// `build` fails with [`BuildError::ZeroMaxServerWait`] for zero, which would honour no
+    /// wait at all (to return every "later" answer at once, use
+    /// [`max_retries(0)`](Self::max_retries) or the [`NoRetry`](crate::NoRetry) extension).
     pub fn max_server_wait(mut self, d: Duration) -> Self {
         self.max_server_wait = d;
         self
@@ -181,6 +205,9 @@ impl ThrottleBuilder {
     /// How long past its sliding window a send stays counted, to absorb the difference between
     /// when this client sends and when the server counts (latency varies). Zero trusts the
     /// network to keep sends in order and equally delayed.
+    ///
+    /// `build` fails with [`BuildError::WindowGuardTooLong`] when `d` is longer than a sliding
+    /// window's own length (a send would stay counted for more than twice its window).
     pub fn window_guard(mut self, d: Duration) -> Self {
         self.window_guard = d;
         self
@@ -204,6 +231,8 @@ impl ThrottleBuilder {
     /// or, when none has arrived, the call fails with
     /// [`ThrottleError::DeadlineExceeded`](crate::ThrottleError::DeadlineExceeded).
     /// A [`Deadline`](crate::Deadline) extension overrides it per request.
+    ///
+    /// `build` fails with [`BuildError::ZeroDeadline`] for zero, which would fail every call.
     pub fn deadline(mut self, d: Duration) -> Self {
         self.deadline = Some(d);
         self
@@ -259,52 +288,82 @@ impl ThrottleBuilder {
         self
     }
 
-    /// Checks the settings and builds the throttle.
-    ///
-    /// # Errors
-    /// A [`BuildError`] naming the first invalid setting.
-    pub fn build(self) -> Result<Throttle, BuildError> {
-        let (base, cap) = self.backoff;
-        if base.is_zero() {
-            return Err(BuildError::ZeroBackoffBase);
-        }
-        if base > cap {
-            return Err(BuildError::BackoffBaseAboveCap { base, cap });
-        }
-        match self.max_in_flight {
-            Some(0) => return Err(BuildError::ZeroInFlight),
-            Some(n) if n > tokio::sync::Semaphore::MAX_PERMITS => {
-                return Err(BuildError::InFlightTooLarge { max: n })
+    /// Every invalid setting, in the order documented on [`BuildError`].
+    fn problems(&self) -> Vec<BuildError> {
+        let mut problems = Vec::new();
+        for (i, &(limit, length)) in self.windows.iter().enumerate() {
+            if limit == 0 {
+                problems.push(BuildError::ZeroLimit { window: i });
             }
-            _ => {}
+            if length.is_zero() {
+                problems.push(BuildError::ZeroWindow { window: i });
+            } else if self.window_guard > length {
+                problems.push(BuildError::WindowGuardTooLong {
+                    window: i,
+                    length,
+                    guard: self.window_guard,
+                });
+            }
         }
         if self.buckets.len() > MAX_TOKEN_BUCKETS {
-            return Err(BuildError::TooManyTokenBuckets {
+            problems.push(BuildError::TooManyTokenBuckets {
                 count: self.buckets.len(),
             });
         }
-        for quota in &self.buckets {
+        for (i, quota) in self.buckets.iter().enumerate() {
             let burst = quota.burst_size().get();
             let refill = quota.replenish_interval().saturating_mul(burst);
             if refill > FAR_FUTURE {
-                return Err(BuildError::TokenBucketTooSlow { refill });
+                problems.push(BuildError::TokenBucketTooSlow { bucket: i, refill });
             }
+        }
+        match self.max_in_flight {
+            Some(0) => problems.push(BuildError::ZeroInFlight),
+            Some(n) if n > tokio::sync::Semaphore::MAX_PERMITS => {
+                problems.push(BuildError::InFlightTooLarge { max: n });
+            }
+            _ => {}
+        }
+        let (base, cap) = self.backoff;
+        if base.is_zero() {
+            problems.push(BuildError::ZeroBackoffBase);
+        }
+        if base > cap {
+            problems.push(BuildError::BackoffBaseAboveCap { base, cap });
+        }
+        if self.max_server_wait.is_zero() {
+            problems.push(BuildError::ZeroMaxServerWait);
+        }
+        if self.deadline.is_some_and(|d| d.is_zero()) {
+            problems.push(BuildError::ZeroDeadline);
         }
         if let Some(b) = &self.budget {
             if !b.ratio.is_finite() || b.ratio < 0.0 || b.window.is_zero() {
-                return Err(BuildError::InvalidRetryBudget);
+                problems.push(BuildError::InvalidRetryBudget);
             }
         }
         if self.max_scopes == 0 {
-            return Err(BuildError::ZeroMaxScopes);
+            problems.push(BuildError::ZeroMaxScopes);
         }
+        problems
+    }
+
+    /// Checks the settings and builds the throttle.
+    ///
+    /// # Errors
+    /// A [`BuildError`] naming every invalid setting: the problem itself when there is one,
+    /// [`BuildError::Several`] when there are more (see [`BuildError::problems`]).
+    pub fn build(self) -> Result<Throttle, BuildError> {
+        if let Some(error) = BuildError::from_problems(self.problems()) {
+            return Err(error);
+        }
+        let (base, cap) = self.backoff;
         let mut limits = Limits::new().with_max_in_flight(self.max_in_flight);
-        for &(limit, window) in &self.windows {
-            let limit = NonZeroU32::new(limit).ok_or(BuildError::ZeroLimit)?;
-            if window.is_zero() {
-                return Err(BuildError::ZeroWindow);
+        // Zero limits were refused above.
+        for (limit, window) in self.windows.iter().copied() {
+            if let Some(limit) = NonZeroU32::new(limit) {
+                limits = limits.with_window(WindowQuota::new(limit, window, self.window_guard));
             }
-            limits = limits.with_window(WindowQuota::new(limit, window, self.window_guard));
         }
         limits.buckets = self.buckets;
         let policy = RetryPolicy {

@@ -4,18 +4,65 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// An invalid setting found by [`ThrottleBuilder::build`](crate::ThrottleBuilder::build).
+/// The invalid settings found by [`ThrottleBuilder::build`](crate::ThrottleBuilder::build).
 ///
-/// Setters never panic; every check happens in `build`, which returns the first problem found.
+/// Setters never panic; `build` checks every setting and reports every problem it finds, each
+/// naming its setting (a sliding window or token bucket by its index: 0 for the first one
+/// added, in the order added). One problem is returned as its own variant, so that
+/// `assert_eq!(err, BuildError::ZeroInFlight)` or a `match` works as usual; two or more come
+/// together as [`BuildError::Several`], in the order the checks run (sliding windows, token
+/// buckets, in-flight cap, backoff, server wait, deadline, retry budget, scopes).
+/// [`problems`](Self::problems) lists them in either case.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_throttle::{BuildError, Throttle};
+///
+/// let err = Throttle::builder()
+///     .sliding_window(0, Duration::from_secs(60))
+///     .max_in_flight(0)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(
+///     err.problems(),
+///     [BuildError::ZeroLimit { window: 0 }, BuildError::ZeroInFlight]
+/// );
+/// assert_eq!(
+///     err.to_string(),
+///     "2 invalid settings: sliding window 0: the limit must be at least 1 request; \
+///      max_in_flight must be at least 1"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
     /// A sliding window was given a limit of zero requests.
-    #[error("sliding window limit must be at least 1 request")]
-    ZeroLimit,
+    #[error("sliding window {window}: the limit must be at least 1 request")]
+    ZeroLimit {
+        /// The window's index, 0 for the first added.
+        window: usize,
+    },
     /// A sliding window was given a zero-length window.
-    #[error("sliding window length must be greater than zero")]
-    ZeroWindow,
+    #[error("sliding window {window}: the window length must be greater than zero")]
+    ZeroWindow {
+        /// The window's index, 0 for the first added.
+        window: usize,
+    },
+    /// The [`window_guard`](crate::ThrottleBuilder::window_guard) is longer than a sliding
+    /// window: every send would stay counted for more than twice the window, which halves the
+    /// window's rate or worse.
+    #[error(
+        "window_guard {guard:?} is longer than sliding window {window} ({length:?}); \
+         lower the guard or lengthen the window"
+    )]
+    WindowGuardTooLong {
+        /// The window's index, 0 for the first added.
+        window: usize,
+        /// The window's length.
+        length: Duration,
+        /// The guard given.
+        guard: Duration,
+    },
     /// `max_in_flight(0)` would admit nothing.
     #[error("max_in_flight must be at least 1")]
     ZeroInFlight,
@@ -37,8 +84,12 @@ pub enum BuildError {
     /// A token bucket takes longer than 100 years to refill its burst (its replenish interval
     /// times its burst size): a quota that means "this many, ever" is a sliding window with a
     /// long window instead.
-    #[error("a token bucket refills its burst in {refill:?}; at most 100 years is supported")]
+    #[error(
+        "token bucket {bucket} refills its burst in {refill:?}; at most 100 years is supported"
+    )]
     TokenBucketTooSlow {
+        /// The bucket's index, 0 for the first added.
+        bucket: usize,
         /// The bucket's time to refill its whole burst, saturated at `Duration::MAX`.
         refill: Duration,
     },
@@ -59,6 +110,43 @@ pub enum BuildError {
         /// The largest backoff delay given.
         cap: Duration,
     },
+    /// `max_server_wait(Duration::ZERO)` would honour no wait a server asks for, not even a
+    /// `Retry-After: 1`: every such answer would be returned at once.
+    #[error("max_server_wait must be greater than zero")]
+    ZeroMaxServerWait,
+    /// `deadline(Duration::ZERO)` would fail every call before it is sent.
+    #[error("deadline must be greater than zero")]
+    ZeroDeadline,
+    /// Two or more of the problems above, in the order found (never nested, never fewer than
+    /// two).
+    #[error("{} invalid settings: {}", .0.len(), join(.0))]
+    Several(Vec<BuildError>),
+}
+
+impl BuildError {
+    /// Every problem found: this error itself, or the list a [`BuildError::Several`] holds.
+    pub fn problems(&self) -> &[BuildError] {
+        match self {
+            BuildError::Several(all) => all,
+            one => std::slice::from_ref(one),
+        }
+    }
+
+    /// One error for `problems`: `None` when empty, the problem itself when alone,
+    /// [`BuildError::Several`] otherwise.
+    pub(crate) fn from_problems(mut problems: Vec<BuildError>) -> Option<BuildError> {
+        match problems.len() {
+            0 => None,
+            1 => problems.pop(),
+            _ => Some(BuildError::Several(problems)),
+        }
+    }
+}
+
+/// The problems' messages, separated by "; ".
+fn join(problems: &[BuildError]) -> String {
+    let messages: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    messages.join("; ")
 }
 
 /// Why the throttle refused to send (or resend) a request itself.
@@ -70,13 +158,16 @@ pub enum BuildError {
 #[non_exhaustive]
 pub enum ThrottleError {
     /// The request's [`Cost`](crate::Cost) is larger than a quota can ever admit, so it would
-    /// wait forever.
-    #[error("request cost {cost} exceeds the capacity {capacity} of a quota")]
+    /// wait forever. Displayed as, e.g., "request cost 500 exceeds the capacity 120 of the
+    /// sliding window of 120 per 60s".
+    #[error("request cost {cost} exceeds the capacity {capacity} of the {quota}")]
     CostExceedsQuota {
         /// The cost the request asked for, in quota units.
         cost: u32,
         /// The most the quota can admit at once, in quota units.
         capacity: u32,
+        /// The quota: the one with the smallest capacity in the request's scope.
+        quota: crate::store::QuotaName,
     },
     /// The request's deadline came, or was known to come, before it could be sent or
     /// answered. When a response had arrived and only a retry wait would pass the deadline,

@@ -31,8 +31,9 @@
 //!    priority, with aging so that none starves.
 //! 3. **Admission**, all or nothing, asked of the scope's [`store`]: the **cooldown** is open
 //!    (after a window-type 429 every caller of the scope waits for the reset together), an
-//!    **in-flight slot** is free (it rides on the response body until the body ends, fails or
-//!    is dropped), and every [sliding window](ThrottleBuilder::sliding_window) and
+//!    **in-flight slot** is free (it rides on the response body until the body ends or is
+//!    dropped; a body that fails keeps it until dropped, since its connection is still open),
+//!    and every [sliding window](ThrottleBuilder::sliding_window) and
 //!    [token bucket](ThrottleBuilder::token_bucket) admits the request's [`Cost`].
 //! 4. **Send**, then read the [hints](headers) of the answer and [decide](policy): return it,
 //!    or release the slot, wait, and send again.
@@ -68,6 +69,9 @@ pub use builder::{
 pub use engine::Scope;
 pub use error::{BuildError, ThrottleError, TransportError};
 pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
+/// `governor`'s token-bucket quota, for [`ThrottleBuilder::token_bucket`], re-exported so that
+/// `governor` need not be a direct dependency.
+pub use governor::Quota;
 pub use headers::{Allowance, Hints, LimitKind};
 pub use policy::StopReason;
 pub use throttle::{Permit, ScopeStats, Stats, Throttle};

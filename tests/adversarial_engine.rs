@@ -128,7 +128,8 @@ async fn an_oversized_cost_fails_at_once_even_behind_a_queue() {
             oversized,
             Ok(Err(ThrottleError::CostExceedsQuota {
                 cost: 3,
-                capacity: 2
+                capacity: 2,
+                ..
             }))
         ),
         "{oversized:?}"

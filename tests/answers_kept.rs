@@ -151,6 +151,9 @@ async fn a_cut_error_body_keeps_its_content_length() {
         (plain_err.is_body(), plain_err.is_decode()),
         "{err:?} vs {plain_err:?}"
     );
+    // The failed body keeps its slot until the response is dropped.
+    assert_eq!(idle(&throttle), (1, 0, Some(0)));
+    drop(r);
     assert_eq!(idle(&throttle), (0, 0, Some(1)));
     assert_eq!((len, plain_len), (Some(20), Some(20)));
 }

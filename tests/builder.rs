@@ -1,18 +1,18 @@
-//! `ThrottleBuilder::build`: every `BuildError`, each from a real builder call, and the valid
-//! builds at the edges of each check.
+//! `ThrottleBuilder::build`: every `BuildError`, each from a real builder call, several at
+//! once, their messages, and the valid builds at the edges of each check.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use governor::Quota;
 use reqwest_throttle::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
 use reqwest_throttle::{
-    BuildError, Throttle, ThrottleBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP,
-    DEFAULT_MAX_RETRIES, DEFAULT_MAX_SERVER_WAIT,
+    BuildError, Quota, Throttle, ThrottleBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP,
+    DEFAULT_MAX_RETRIES, DEFAULT_MAX_SERVER_WAIT, DEFAULT_WINDOW_GUARD,
 };
 use tokio::sync::Semaphore;
 
 const S: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
 
 /// The error `builder` fails with.
 fn error(builder: ThrottleBuilder) -> BuildError {
@@ -29,21 +29,88 @@ fn with_buckets(n: usize) -> ThrottleBuilder {
 fn a_zero_sliding_window_limit() {
     assert_eq!(
         error(Throttle::builder().sliding_window(0, S)),
-        BuildError::ZeroLimit
+        BuildError::ZeroLimit { window: 0 }
     );
-    // A bad window after a good one is still found.
+    // A bad window after a good one is still found, and named by its index.
     let b = Throttle::builder()
         .sliding_window(5, S)
         .sliding_window(0, S);
-    assert_eq!(error(b), BuildError::ZeroLimit);
+    assert_eq!(error(b), BuildError::ZeroLimit { window: 1 });
 }
 
 #[test]
 fn a_zero_sliding_window_length() {
     assert_eq!(
         error(Throttle::builder().sliding_window(5, Duration::ZERO)),
-        BuildError::ZeroWindow
+        BuildError::ZeroWindow { window: 0 }
     );
+    // The guard is not also reported against a window of no length.
+    let b = Throttle::builder()
+        .sliding_window(5, S)
+        .sliding_window(5, 60 * S)
+        .sliding_window(5, Duration::ZERO);
+    assert_eq!(error(b), BuildError::ZeroWindow { window: 2 });
+}
+
+#[test]
+fn a_window_guard_longer_than_a_sliding_window() {
+    // The default guard (100 ms) against a 50 ms window.
+    assert_eq!(
+        error(Throttle::builder().sliding_window(5, 50 * MS)),
+        BuildError::WindowGuardTooLong {
+            window: 0,
+            length: 50 * MS,
+            guard: DEFAULT_WINDOW_GUARD,
+        }
+    );
+    // A guard set longer than the second of two windows, whichever is called first.
+    let b = Throttle::builder()
+        .window_guard(2 * S)
+        .sliding_window(100, 60 * S)
+        .sliding_window(2, S);
+    assert_eq!(
+        error(b),
+        BuildError::WindowGuardTooLong {
+            window: 1,
+            length: S,
+            guard: 2 * S,
+        }
+    );
+    // A guard as long as the window is accepted, and so is a zero guard for any window.
+    let b = Throttle::builder().sliding_window(2, S).window_guard(S);
+    assert!(b.build().is_ok());
+    let b = Throttle::builder()
+        .sliding_window(5, 50 * MS)
+        .window_guard(Duration::ZERO);
+    assert!(b.build().is_ok());
+    assert!(Throttle::builder()
+        .sliding_window(5, DEFAULT_WINDOW_GUARD)
+        .build()
+        .is_ok());
+}
+
+#[test]
+fn a_zero_max_server_wait() {
+    assert_eq!(
+        error(Throttle::builder().max_server_wait(Duration::ZERO)),
+        BuildError::ZeroMaxServerWait
+    );
+    assert!(Throttle::builder()
+        .max_server_wait(Duration::from_nanos(1))
+        .build()
+        .is_ok());
+}
+
+#[test]
+fn a_zero_deadline() {
+    assert_eq!(
+        error(Throttle::builder().deadline(Duration::ZERO)),
+        BuildError::ZeroDeadline
+    );
+    assert!(Throttle::builder()
+        .deadline(Duration::from_nanos(1))
+        .build()
+        .is_ok());
 }
 
 #[test]
@@ -52,15 +119,24 @@ fn a_token_bucket_slower_than_a_century() {
     let slow = Quota::with_period(101 * year).unwrap();
     assert_eq!(
         error(Throttle::builder().token_bucket(slow)),
-        BuildError::TokenBucketTooSlow { refill: 101 * year }
+        BuildError::TokenBucketTooSlow {
+            bucket: 0,
+            refill: 101 * year
+        }
     );
-    // The burst counts: 60 years a cell, 2 cells.
+    // The burst counts: 60 years a cell, 2 cells. The bucket is named by its index.
     let burst = Quota::with_period(60 * year)
         .unwrap()
         .allow_burst(NonZeroU32::new(2).unwrap());
+    let b = Throttle::builder()
+        .token_bucket(Quota::per_second(NonZeroU32::MIN))
+        .token_bucket(burst);
     assert_eq!(
-        error(Throttle::builder().token_bucket(burst)),
-        BuildError::TokenBucketTooSlow { refill: 120 * year }
+        error(b),
+        BuildError::TokenBucketTooSlow {
+            bucket: 1,
+            refill: 120 * year
+        }
     );
     let century = Quota::with_period(100 * year).unwrap();
     assert!(Throttle::builder().token_bucket(century).build().is_ok());
@@ -148,6 +224,112 @@ fn a_backoff_base_above_its_cap() {
 }
 
 #[test]
+fn every_problem_is_reported_at_once_in_a_fixed_order() {
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let slow = Quota::with_period(101 * year).unwrap();
+    let b = with_buckets(64)
+        .token_bucket(slow)
+        .sliding_window(0, Duration::ZERO)
+        .sliding_window(0, 50 * MS)
+        .max_in_flight(0)
+        .backoff(Duration::ZERO, Duration::ZERO)
+        .max_server_wait(Duration::ZERO)
+        .deadline(Duration::ZERO)
+        .retry_budget(Some(RetryBudget {
+            ratio: f64::NAN,
+            ..RetryBudget::default()
+        }))
+        .max_scopes(0);
+    let all = vec![
+        BuildError::ZeroLimit { window: 0 },
+        BuildError::ZeroWindow { window: 0 },
+        BuildError::ZeroLimit { window: 1 },
+        BuildError::WindowGuardTooLong {
+            window: 1,
+            length: 50 * MS,
+            guard: DEFAULT_WINDOW_GUARD,
+        },
+        BuildError::TooManyTokenBuckets { count: 65 },
+        BuildError::TokenBucketTooSlow {
+            bucket: 64,
+            refill: 101 * year,
+        },
+        BuildError::ZeroInFlight,
+        BuildError::ZeroBackoffBase,
+        BuildError::ZeroMaxServerWait,
+        BuildError::ZeroDeadline,
+        BuildError::InvalidRetryBudget,
+        BuildError::ZeroMaxScopes,
+    ];
+    let err = error(b);
+    assert_eq!(err.problems(), all);
+    assert_eq!(err, BuildError::Several(all));
+
+    let b = Throttle::builder()
+        .max_in_flight(usize::MAX)
+        .backoff(2 * S, S);
+    let err = error(b);
+    let both = [
+        BuildError::InFlightTooLarge { max: usize::MAX },
+        BuildError::BackoffBaseAboveCap {
+            base: 2 * S,
+            cap: S,
+        },
+    ];
+    assert_eq!(err, BuildError::Several(both.to_vec()));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "2 invalid settings: max_in_flight {} is above the largest supported ({}); \
+             backoff base (2s) is larger than its cap (1s)",
+            usize::MAX,
+            Semaphore::MAX_PERMITS
+        )
+    );
+    // One problem alone is not wrapped, and is its own only problem.
+    let one = error(Throttle::builder().max_in_flight(0));
+    assert_eq!(one, BuildError::ZeroInFlight);
+    assert_eq!(one.problems(), [BuildError::ZeroInFlight]);
+}
+
+#[test]
+fn messages_name_the_setting() {
+    let message = |b: ThrottleBuilder| error(b).to_string();
+    let b = Throttle::builder()
+        .sliding_window(5, S)
+        .sliding_window(0, S);
+    assert_eq!(
+        message(b),
+        "sliding window 1: the limit must be at least 1 request"
+    );
+    assert_eq!(
+        message(Throttle::builder().sliding_window(5, Duration::ZERO)),
+        "sliding window 0: the window length must be greater than zero"
+    );
+    assert_eq!(
+        message(Throttle::builder().sliding_window(5, 50 * MS)),
+        "window_guard 100ms is longer than sliding window 0 (50ms); \
+         lower the guard or lengthen the window"
+    );
+    let slow = Quota::with_period(Duration::MAX).unwrap();
+    assert_eq!(
+        message(Throttle::builder().token_bucket(slow)),
+        format!(
+            "token bucket 0 refills its burst in {:?}; at most 100 years is supported",
+            Duration::MAX
+        )
+    );
+    assert_eq!(
+        message(Throttle::builder().max_server_wait(Duration::ZERO)),
+        "max_server_wait must be greater than zero"
+    );
+    assert_eq!(
+        message(Throttle::builder().deadline(Duration::ZERO)),
+        "deadline must be greater than zero"
+    );
+}
+
+#[test]
 fn the_defaults_build() {
     let throttle = Throttle::builder().build().expect("the defaults are valid");
     let defaults = RetryPolicy::new(
@@ -165,6 +347,8 @@ async fn valid_settings_at_the_edge_of_every_check_build() {
     let throttle = with_buckets(64)
         .sliding_window(1, Duration::from_nanos(1))
         .sliding_window(u32::MAX, Duration::MAX)
+        .window_guard(Duration::from_nanos(1))
+        .deadline(Duration::from_nanos(1))
         .max_in_flight(Semaphore::MAX_PERMITS)
         .max_retries(3)
         .backoff(2 * S, 2 * S)

@@ -1,6 +1,7 @@
 //! The throttle against a misbehaving server: a real HTTP/1.1 peer on loopback that writes raw
 //! bytes (cut bodies, resets, malformed rate-limit headers, 429s forever, slow chunks), on the
-//! test's runtime with paused time, plus cancellation at every wait and 10 000 callers on one
+//! test's runtime with paused time (one test, on real time, counts the requests a server sees
+//! in progress), plus cancellation at every wait and 10 000 callers on one
 //! semaphore. Every test ends by checking that no in-flight permit leaked.
 
 #[path = "faults/server.rs"]
@@ -101,7 +102,7 @@ fn transport(err: reqwest_middleware::Error) -> reqwest::Error {
 // 1. Broken connections.
 
 #[tokio::test(start_paused = true)]
-async fn a_body_cut_mid_way_fails_the_read_and_releases_the_permit() {
+async fn a_body_cut_mid_way_fails_the_read_and_keeps_the_permit_until_dropped() {
     let server = RawServer::start(|_, _| {
         vec![
             Step::Write(head("200 OK", &[], &[("content-length", b"100")])),
@@ -132,8 +133,10 @@ async fn a_body_cut_mid_way_fails_the_read_and_releases_the_permit() {
     };
     assert_eq!(got, vec![b'x'; 10]);
     assert!(err.is_body() || err.is_decode(), "{err:?}");
-    // Released by the failure itself, with the response still alive.
-    assert_idle(&throttle, 2);
+    // Not released by the failure: the response is still alive, and a failed body may still
+    // hold its connection open (see `a_timed_out_body_keeps_its_slot_while_its_connection_is_open`).
+    let s = throttle.stats();
+    assert_eq!((s.in_flight, s.available_permits), (1, Some(1)));
     drop(r);
     assert_idle(&throttle, 2);
     assert_eq!((server.requests(), throttle.stats().sent), (1, 1));
@@ -661,6 +664,151 @@ async fn dropping_a_slow_stream_mid_way_releases_the_permit() {
         .unwrap();
     assert_eq!((text.as_str(), waited), ("fast", Duration::ZERO));
     assert_eq!(throttle.stats().sent, 2);
+    assert_idle(&throttle, 1);
+}
+
+/// A server on loopback that counts requests in progress the way a server's own limit does
+/// (nginx's `limit_conn`): from the request head until the client closes the connection. Each
+/// answer is a chunked `200` that sends a chunk every 100 ms and never ends. Runs on real time:
+/// the client's timeout must not fire while the sockets are idle.
+#[derive(Clone, Default)]
+struct InProgressServer {
+    requests: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl InProgressServer {
+    async fn start() -> (InProgressServer, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/stream", listener.local_addr().unwrap());
+        let server = InProgressServer::default();
+        let counts = server.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(counts.clone().serve(stream));
+            }
+        });
+        (server, url)
+    }
+
+    async fn serve(self, mut stream: tokio::net::TcpStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        self.open.fetch_add(1, Ordering::SeqCst);
+        // A connection the client has just closed may not have been seen closed yet: give
+        // the others up to 200 ms to go before counting this one against them.
+        for _ in 0..20 {
+            if self.open.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.peak
+            .fetch_max(self.open.load(Ordering::SeqCst), Ordering::SeqCst);
+        let response = head_bytes();
+        if stream.write_all(&response).await.is_ok() {
+            // In progress until the client closes (read 0) or the connection breaks.
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    read = stream.read(&mut buf) => {
+                        if matches!(read, Ok(0) | Err(_)) {
+                            break;
+                        }
+                    }
+                    _ = tick.tick() => {
+                        if stream.write_all(&chunk(b".")).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// The most requests the server saw in progress at once.
+    fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+/// A chunked `200` head and its first chunk.
+fn head_bytes() -> Vec<u8> {
+    let mut out = head("200 OK", &[], &[("transfer-encoding", b"chunked")]);
+    out.extend_from_slice(&chunk(b"first"));
+    out
+}
+
+/// A body whose read fails (here the client's timeout) still holds its connection, which the
+/// server counts until the response is dropped: the slot is held as long, so that the server
+/// never sees more than `max_in_flight` requests in progress.
+#[tokio::test]
+async fn a_timed_out_body_keeps_its_slot_while_its_connection_is_open() {
+    let (server, url) = InProgressServer::start().await;
+    let throttle = capped(1);
+    let plain = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let c = ClientBuilder::new(plain).with(throttle.clone()).build();
+
+    let mut first = c.get(&url).send().await.unwrap();
+    assert_eq!(first.chunk().await.unwrap().as_deref(), Some(&b"first"[..]));
+    let err = loop {
+        match first.chunk().await {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the stream never ends"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.is_timeout(), "{err:?}");
+    // The read failed but `first` is alive, and so is its connection.
+    assert_eq!(throttle.stats().in_flight, 1);
+
+    let second = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        async move { c.get(url).send().await.map(|r| r.status()) }
+    });
+    // Time for the second to be sent and counted, were its slot free (none of this is
+    // asserted): longer than the server's 200 ms of grace.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let s = throttle.stats();
+    assert_eq!((s.in_flight, s.queued), (1, 1), "{s:?}");
+    assert_eq!(
+        server.requests(),
+        1,
+        "the second went while the first was held"
+    );
+    assert!(!second.is_finished());
+
+    drop(first);
+    let status = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the dropped response's slot went to the waiter")
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(
+        server.peak(),
+        1,
+        "the server saw more than max_in_flight in progress"
+    );
     assert_idle(&throttle, 1);
 }
 

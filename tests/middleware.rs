@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_throttle::policy::StopReason;
-use reqwest_throttle::{Cost, NoRetry, Throttle, ThrottleError, ThrottleInfo};
+use reqwest_throttle::store::QuotaName;
+use reqwest_throttle::{Cost, NoRetry, Quota, Throttle, ThrottleError, ThrottleInfo};
 use tokio::time::Instant;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -297,12 +298,63 @@ async fn a_cost_above_every_quota_fails_at_once() {
     let reqwest_middleware::Error::Middleware(inner) = err else {
         panic!("expected a middleware error, got {err:?}")
     };
+    let quota = QuotaName::SlidingWindow {
+        limit: 100,
+        window: 60 * S,
+    };
     assert_eq!(
         inner.downcast_ref::<ThrottleError>(),
         Some(&ThrottleError::CostExceedsQuota {
             cost: 101,
-            capacity: 100
+            capacity: 100,
+            quota,
         })
+    );
+    assert_eq!(
+        inner.to_string(),
+        "request cost 101 exceeds the capacity 100 of the sliding window of 100 per 60s"
+    );
+    assert_eq!(throttle.stats().sent, 0);
+}
+
+/// The error names the quota a cost can never fit: the one with the smallest capacity,
+/// a sliding window or a token bucket.
+#[tokio::test(start_paused = true)]
+async fn a_cost_too_large_names_the_smallest_quota() {
+    let burst = |n| std::num::NonZeroU32::new(n).unwrap();
+    let bucket = Quota::with_period(6 * S).unwrap().allow_burst(burst(10));
+    let throttle = Throttle::builder()
+        .sliding_window(120, 60 * S)
+        .token_bucket(bucket)
+        .build()
+        .unwrap();
+    let err = throttle.acquire(11).await.unwrap_err();
+    let quota = QuotaName::TokenBucket {
+        burst: 10,
+        replenish: 6 * S,
+    };
+    assert_eq!(
+        err,
+        ThrottleError::CostExceedsQuota {
+            cost: 11,
+            capacity: 10,
+            quota,
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "request cost 11 exceeds the capacity 10 of the token bucket of burst 10, one cell per 6s"
+    );
+
+    let throttle = Throttle::builder()
+        .token_bucket(Quota::with_period(S).unwrap().allow_burst(burst(500)))
+        .sliding_window(120, 60 * S)
+        .sliding_window(1000, 3600 * S)
+        .build()
+        .unwrap();
+    assert_eq!(
+        throttle.acquire(500).await.unwrap_err().to_string(),
+        "request cost 500 exceeds the capacity 120 of the sliding window of 120 per 60s"
     );
     assert_eq!(throttle.stats().sent, 0);
 }

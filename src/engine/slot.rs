@@ -11,7 +11,7 @@ use super::queue::{Blocked, Cause, Place, WaitQueue};
 use super::Refused;
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
-use crate::store::{Admission, LeaseId, Limits, ScopeId, Store};
+use crate::store::{Admission, LeaseId, Limits, QuotaName, ScopeId, Store};
 use crate::sync::lock;
 
 /// Counters of one scope, or of the whole throttle.
@@ -48,6 +48,8 @@ pub(crate) struct Slot<S: Store> {
     /// The largest cost every quota can admit now (`u32::MAX`: no quota), checked before a
     /// caller queues: a cost above it fails at once.
     capacity: AtomicU32,
+    /// The quota of that capacity, named in the error (read only when a cost exceeds it).
+    smallest: Mutex<Option<QuotaName>>,
     /// Nanoseconds from `origin` to the last lookup, for idle eviction.
     last_used: AtomicU64,
     origin: Instant,
@@ -74,6 +76,7 @@ impl<S: Store> SlotConfig<S> {
             total: self.total.clone(),
             max_in_flight: AtomicUsize::new(self.limits.max_in_flight.unwrap_or(usize::MAX)),
             capacity: AtomicU32::new(self.limits.capacity().unwrap_or(u32::MAX)),
+            smallest: Mutex::new(self.limits.smallest_quota()),
             last_used: AtomicU64::new(0),
             origin: self.origin,
         };
@@ -203,6 +206,7 @@ impl<S: Store> Slot<S> {
         self.max_in_flight.store(cap, Ordering::Relaxed);
         let capacity = limits.capacity().unwrap_or(u32::MAX);
         self.capacity.store(capacity, Ordering::Relaxed);
+        *lock(&self.smallest) = limits.smallest_quota();
         lock(&self.queue).limits_changed(Instant::now());
         Ok(())
     }
@@ -231,10 +235,16 @@ impl<S: Store> Slot<S> {
     ) -> Result<Lease, Refused> {
         let capacity = self.capacity.load(Ordering::Relaxed);
         if cost > capacity {
-            return Err(Refused::Cost(ThrottleError::CostExceedsQuota {
-                cost,
-                capacity,
-            }));
+            let smallest = *lock(&self.smallest);
+            if let Some(quota) = smallest.filter(|q| cost > q.capacity()) {
+                let capacity = quota.capacity();
+                let error = ThrottleError::CostExceedsQuota {
+                    cost,
+                    capacity,
+                    quota,
+                };
+                return Err(Refused::Cost(error));
+            }
         }
         if deadline.is_some_and(|d| d <= Instant::now()) {
             return Err(Refused::Deadline { would_wait: None });
@@ -347,10 +357,11 @@ impl<S: Store> Slot<S> {
             Admission::CoolingDown(d) => Err(Blocked::Cooldown(d)),
             Admission::NotBefore(d) => Err(Blocked::Quota(d)),
             Admission::InFlightFull => Err(Blocked::InFlight),
-            Admission::CostTooLarge { capacity } => {
+            Admission::CostTooLarge { capacity, quota } => {
                 return Err(Refused::Cost(ThrottleError::CostExceedsQuota {
                     cost,
                     capacity,
+                    quota,
                 }))
             }
         })

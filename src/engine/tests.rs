@@ -142,6 +142,10 @@ async fn a_waiter_whose_cost_no_longer_fits_is_refused() {
     let expected = crate::ThrottleError::CostExceedsQuota {
         cost: 8,
         capacity: 5,
+        quota: crate::store::QuotaName::SlidingWindow {
+            limit: 5,
+            window: 60 * S,
+        },
     };
     assert_eq!(refused, Refused::Cost(expected));
 }

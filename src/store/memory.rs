@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::quotas::Quotas;
-use super::{Admission, LeaseId, Limits, ScopeId, Store, StoreError};
+use super::{Admission, LeaseId, Limits, QuotaName, ScopeId, Store, StoreError};
 use crate::sync::lock;
 
 /// The default [`Store`]: each scope's state in this process's memory, on the tokio clock.
@@ -31,15 +31,17 @@ struct State {
     cooldown_until: Option<Instant>,
     in_flight: usize,
     max_in_flight: Option<usize>,
-    capacity: Option<u32>,
+    /// The quota with the smallest capacity, which a cost above it exceeds.
+    smallest: Option<QuotaName>,
     quotas: Quotas,
     next_lease: u64,
 }
 
 impl State {
     fn admit(&mut self, cost: u32, now: Instant) -> Admission {
-        if let Some(capacity) = self.capacity.filter(|&c| cost > c) {
-            return Admission::CostTooLarge { capacity };
+        if let Some(quota) = self.smallest.filter(|q| cost > q.capacity()) {
+            let capacity = quota.capacity();
+            return Admission::CostTooLarge { capacity, quota };
         }
         if let Some(until) = self.cooldown_until.filter(|&u| u > now) {
             return Admission::CoolingDown(until - now);
@@ -67,7 +69,7 @@ impl Store for MemoryStore {
                 cooldown_until: None,
                 in_flight: 0,
                 max_in_flight: limits.max_in_flight,
-                capacity: limits.capacity(),
+                smallest: limits.smallest_quota(),
                 quotas: Quotas::new(limits),
                 next_lease: 0,
             }),
@@ -97,7 +99,7 @@ impl Store for MemoryStore {
     async fn set_limits(&self, scope: &MemoryScope, limits: &Limits) -> Result<(), StoreError> {
         let mut state = lock(&scope.state);
         state.max_in_flight = limits.max_in_flight;
-        state.capacity = limits.capacity();
+        state.smallest = limits.smallest_quota();
         state.quotas.resize(limits);
         Ok(())
     }

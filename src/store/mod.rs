@@ -64,6 +64,57 @@ impl WindowQuota {
     }
 }
 
+/// One quota, named by its settings: what a
+/// [`ThrottleError::CostExceedsQuota`](crate::ThrottleError::CostExceedsQuota) says a cost
+/// exceeded. Its `Display` reads "sliding window of 120 per 60s" or "token bucket of burst
+/// 10, one cell per 6s".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QuotaName {
+    /// A sliding window ([`WindowQuota`]): at most `limit` units in any `window`.
+    SlidingWindow {
+        /// Units admitted per window.
+        limit: u32,
+        /// The window's length.
+        window: Duration,
+    },
+    /// A token bucket (`governor`'s [`Quota`](governor::Quota)): up to `burst` units at once,
+    /// one more every `replenish`.
+    TokenBucket {
+        /// The burst size: the most units the bucket holds.
+        burst: u32,
+        /// The time one unit takes to replenish.
+        replenish: Duration,
+    },
+}
+
+impl QuotaName {
+    /// The most units the quota can ever admit at once: a sliding window's limit, a token
+    /// bucket's burst.
+    pub const fn capacity(&self) -> u32 {
+        match *self {
+            QuotaName::SlidingWindow { limit, .. } => limit,
+            QuotaName::TokenBucket { burst, .. } => burst,
+        }
+    }
+}
+
+impl std::fmt::Display for QuotaName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuotaName::SlidingWindow { limit, window } => {
+                write!(f, "sliding window of {limit} per {window:?}")
+            }
+            QuotaName::TokenBucket { burst, replenish } => {
+                write!(
+                    f,
+                    "token bucket of burst {burst}, one cell per {replenish:?}"
+                )
+            }
+        }
+    }
+}
+
 /// The limits of one scope: what the configuration says, or (later) what was learned.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -100,11 +151,24 @@ impl Limits {
         self
     }
 
-    /// The largest cost every quota can ever admit (in units), or `None` with no quota.
+    /// The largest cost every quota can ever admit (in units), or `None` with no quota: the
+    /// capacity of the [`smallest_quota`](Self::smallest_quota).
     pub fn capacity(&self) -> Option<u32> {
-        let w = self.windows.iter().map(|w| w.limit.get());
-        let b = self.buckets.iter().map(|q| q.burst_size().get());
-        w.chain(b).min()
+        self.smallest_quota().as_ref().map(QuotaName::capacity)
+    }
+
+    /// The quota with the smallest capacity (the first sliding window, then the first token
+    /// bucket, among equals), or `None` with no quota: the one a cost too large exceeds.
+    pub fn smallest_quota(&self) -> Option<QuotaName> {
+        let w = self.windows.iter().map(|w| QuotaName::SlidingWindow {
+            limit: w.limit.get(),
+            window: w.window,
+        });
+        let b = self.buckets.iter().map(|q| QuotaName::TokenBucket {
+            burst: q.burst_size().get(),
+            replenish: q.replenish_interval(),
+        });
+        w.chain(b).min_by_key(QuotaName::capacity)
     }
 }
 
@@ -132,6 +196,8 @@ pub enum Admission {
     CostTooLarge {
         /// The most the smallest quota can admit at once, in units.
         capacity: u32,
+        /// That quota ([`Limits::smallest_quota`]).
+        quota: QuotaName,
     },
 }
 

@@ -36,7 +36,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::strategy::{BoxedStrategy, Union};
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
-use reqwest_throttle::store::{Admission, LeaseId, Limits, ScopeId, Store, WindowQuota};
+use reqwest_throttle::store::{Admission, LeaseId, Limits, QuotaName, ScopeId, Store, WindowQuota};
 use tokio::time::{advance, Instant};
 
 // ---------------------------------------------------------------------------------------------
@@ -414,14 +414,20 @@ pub async fn costs_take_units_from_windows_and_cells_from_buckets<S: Store>(stor
     assert_eq!(admit(store, &b, 1).await, Admission::NotBefore(ms(100)));
 }
 
-/// A cost above the smallest quota's limit or burst answers `CostTooLarge` with that capacity,
-/// and charges nothing; without quotas any cost goes.
+/// A cost above the smallest quota's limit or burst answers `CostTooLarge` with that capacity
+/// and that quota, and charges nothing; without quotas any cost goes.
 pub async fn cost_above_the_smallest_quota_is_too_large<S: Store>(store: &S) {
     let both = Limits::new()
         .with_window(window(5, secs(10), Duration::ZERO))
         .with_bucket(Quota::per_second(nz(10)).allow_burst(nz(8)));
     let scope = open(store, &both);
-    let too_large = Admission::CostTooLarge { capacity: 5 };
+    let too_large = Admission::CostTooLarge {
+        capacity: 5,
+        quota: QuotaName::SlidingWindow {
+            limit: 5,
+            window: secs(10),
+        },
+    };
     assert_eq!(admit(store, &scope, 6).await, too_large);
     assert_eq!(admit(store, &scope, u32::MAX).await, too_large);
     // Nothing was charged: the whole capacity is still there.
@@ -434,7 +440,13 @@ pub async fn cost_above_the_smallest_quota_is_too_large<S: Store>(store: &S) {
     );
     assert_eq!(
         admit(store, &bucket, 9).await,
-        Admission::CostTooLarge { capacity: 8 }
+        Admission::CostTooLarge {
+            capacity: 8,
+            quota: QuotaName::TokenBucket {
+                burst: 8,
+                replenish: ms(100),
+            },
+        }
     );
     admitted(admit(store, &bucket, 8).await);
 
@@ -444,7 +456,13 @@ pub async fn cost_above_the_smallest_quota_is_too_large<S: Store>(store: &S) {
     );
     assert_eq!(
         admit(store, &window_only, 3).await,
-        Admission::CostTooLarge { capacity: 2 }
+        Admission::CostTooLarge {
+            capacity: 2,
+            quota: QuotaName::SlidingWindow {
+                limit: 2,
+                window: secs(1),
+            },
+        }
     );
     admitted(admit(store, &window_only, 2).await);
 
@@ -804,7 +822,7 @@ pub async fn set_limits_shrinking_a_window_keeps_its_sends<S: Store>(store: &S) 
     assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(4)));
 }
 
-/// A cost above the new capacity answers `CostTooLarge` with it.
+/// A cost above the new capacity answers `CostTooLarge` with it and its quota.
 pub async fn set_limits_cost_above_the_new_capacity_is_too_large<S: Store>(store: &S) {
     let scope = open(
         store,
@@ -820,7 +838,13 @@ pub async fn set_limits_cost_above_the_new_capacity_is_too_large<S: Store>(store
     .await;
     assert_eq!(
         admit(store, &scope, 3).await,
-        Admission::CostTooLarge { capacity: 2 }
+        Admission::CostTooLarge {
+            capacity: 2,
+            quota: QuotaName::SlidingWindow {
+                limit: 2,
+                window: secs(1),
+            },
+        }
     );
     let with_bucket = Limits::new()
         .with_window(window(2, secs(1), Duration::ZERO))
@@ -828,7 +852,13 @@ pub async fn set_limits_cost_above_the_new_capacity_is_too_large<S: Store>(store
     set_limits(store, &scope, &with_bucket).await;
     assert_eq!(
         admit(store, &scope, 2).await,
-        Admission::CostTooLarge { capacity: 1 }
+        Admission::CostTooLarge {
+            capacity: 1,
+            quota: QuotaName::TokenBucket {
+                burst: 1,
+                replenish: secs(1),
+            },
+        }
     );
     set_limits(store, &scope, &Limits::new()).await;
     admitted(admit(store, &scope, 3).await);
@@ -1153,6 +1183,10 @@ impl Model {
         if too_large {
             refusals.push(Admission::CostTooLarge {
                 capacity: self.limit,
+                quota: QuotaName::SlidingWindow {
+                    limit: self.limit,
+                    window: PROP_WINDOW,
+                },
             });
         }
         let cooldown = self.cooldown(now);
