@@ -66,7 +66,8 @@ pub enum BuildError {
     /// `max_in_flight(0)` would admit nothing.
     #[error("max_in_flight must be at least 1")]
     ZeroInFlight,
-    /// `max_in_flight` is above what a tokio semaphore can hold.
+    /// `max_in_flight` is above the largest supported, `usize::MAX >> 3` (tokio's
+    /// `Semaphore::MAX_PERMITS`, kept as the bound: a cap that large means "no cap").
     #[error(
         "max_in_flight {max} is above the largest supported ({})",
         tokio::sync::Semaphore::MAX_PERMITS
