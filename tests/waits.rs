@@ -143,3 +143,49 @@ async fn a_deadline_the_queue_ahead_cannot_meet_is_told_at_once() {
         .unwrap();
     assert_eq!(info(&r).waits.quota, 3 * S);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_smaller_cost_is_not_refused_for_the_wait_of_a_larger_head() {
+    let server = FakeServer::ok();
+    let throttle = windowed(10, 10 * S).build().unwrap();
+    let c = server.client(&throttle);
+    let t0 = Instant::now();
+    c.get("http://a.test/")
+        .with_extension(Cost(5))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(5 * S).await;
+    c.get("http://a.test/")
+        .with_extension(Cost(5))
+        .send()
+        .await
+        .unwrap();
+    // The head needs all 10 units: both sends must leave, at t0 + 15 s.
+    let head = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let r = c
+                .get("http://a.test/big")
+                .with_extension(Cost(10))
+                .send()
+                .await;
+            r.unwrap()
+        }
+    });
+    tokio::task::yield_now().await;
+    // 5 units free at t0 + 10 s: a deadline at t0 + 12 s can be met, by a request that goes
+    // first (a higher priority).
+    let small = c
+        .get("http://a.test/small")
+        .with_extension(Cost(5))
+        .with_extension(reqwest_throttle::Priority::High)
+        .with_extension(Deadline(t0 + 12 * S))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(info(&small).waits.quota, 5 * S);
+    head.await.unwrap();
+    let paths: Vec<_> = server.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/", "/", "/small", "/big"]);
+}

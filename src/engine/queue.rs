@@ -63,11 +63,13 @@ pub(crate) enum Cause {
     InFlight,
 }
 
-/// What the head was last told holds it back, and until when (for a cooldown or quota).
+/// What the head was last told holds it back, until when (for a cooldown or quota), and the
+/// cost it asked for.
 #[derive(Debug, Clone, Copy)]
 struct HeadBlock {
     cause: Cause,
     until: Option<Instant>,
+    cost: u32,
 }
 
 /// The waiters of one scope.
@@ -91,9 +93,11 @@ impl WaitQueue {
         }
     }
 
-    /// What holds a new arrival back at `now`: `None` with nobody waiting; else what the head
-    /// was last told (a cooldown or quota with the time left), or [`Blocked::Queue`].
-    pub(crate) fn blocked(&self, now: Instant) -> Option<Blocked> {
+    /// What holds a new arrival of `cost` back at `now`: `None` with nobody waiting; else
+    /// what the head was last told when it holds the arrival too (a cooldown, or a quota when
+    /// `cost` is at least the head's: a quota never fits more units sooner), with the time
+    /// left; else [`Blocked::Queue`].
+    pub(crate) fn blocked(&self, cost: u32, now: Instant) -> Option<Blocked> {
         if self.is_empty() {
             return None;
         }
@@ -106,25 +110,28 @@ impl WaitQueue {
             Some(HeadBlock {
                 cause: Cause::Cooldown,
                 until,
+                ..
             }) => left(until).map_or(Blocked::Queue, Blocked::Cooldown),
             Some(HeadBlock {
                 cause: Cause::Quota,
                 until,
-            }) => left(until).map_or(Blocked::Queue, Blocked::Quota),
+                cost: head_cost,
+            }) if cost >= head_cost => left(until).map_or(Blocked::Queue, Blocked::Quota),
             Some(HeadBlock {
                 cause: Cause::InFlight,
                 ..
             }) => Blocked::InFlight,
-            Some(HeadBlock {
-                cause: Cause::Queue,
-                ..
-            })
-            | None => Blocked::Queue,
+            Some(_) | None => Blocked::Queue,
         })
     }
 
-    /// Records what the head was told holds it back, at `now`.
-    pub(crate) fn set_blocked(&mut self, blocked: Blocked, now: Instant) {
+    /// Whether the head waits on a quota (which a request of cost 0 does not: it may go past).
+    pub(crate) fn head_waits_on_quota(&self) -> bool {
+        self.head_block.is_some_and(|b| b.cause == Cause::Quota)
+    }
+
+    /// Records what the head, asking for `cost`, was told holds it back, at `now`.
+    pub(crate) fn set_blocked(&mut self, blocked: Blocked, cost: u32, now: Instant) {
         let until = match blocked {
             Blocked::Cooldown(d) | Blocked::Quota(d) => Some(crate::clock::instant_after(now, d)),
             Blocked::Queue | Blocked::InFlight => None,
@@ -132,6 +139,7 @@ impl WaitQueue {
         self.head_block = Some(HeadBlock {
             cause: blocked.cause(),
             until,
+            cost,
         });
     }
 

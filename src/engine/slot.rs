@@ -268,28 +268,30 @@ impl<S: Store> Slot<S> {
         deadline: Option<Instant>,
         clock: &mut WaitClock<'_>,
     ) -> Result<Lease, Refused> {
-        let ahead = {
+        let (ahead, past_the_head) = {
             let queue = lock(&self.queue);
             // Read the clock only when someone waits: not on the hot path.
-            (!queue.is_empty())
-                .then(|| queue.blocked(Instant::now()))
-                .flatten()
+            let ahead = (!queue.is_empty())
+                .then(|| queue.blocked(cost, Instant::now()))
+                .flatten();
+            // A quota does not concern a request of cost 0: it may go past a head that waits
+            // on one.
+            (ahead, cost == 0 && queue.head_waits_on_quota())
         };
         match ahead {
-            // Nobody waiting, or the head waits on a quota that does not concern cost 0: try
-            // at once, without a place in the queue.
+            // Nobody waiting: try at once, without a place in the queue.
             None => {
                 if let Ok(lease) = self.try_once(cost).await? {
                     return Ok(lease);
                 }
             }
-            Some(Blocked::Quota(_)) if cost == 0 => {
+            Some(_) if past_the_head => {
                 if let Ok(lease) = self.try_once(cost).await? {
                     return Ok(lease);
                 }
             }
-            // Nothing goes before the head's cooldown or quota opens: a deadline before that
-            // is told at once.
+            // Nothing of this cost goes before the head's cooldown or quota opens: a deadline
+            // before that is told at once.
             Some(Blocked::Cooldown(d) | Blocked::Quota(d)) => {
                 let ready = crate::clock::instant_after(Instant::now(), d);
                 if deadline.is_some_and(|dl| ready >= dl) {
@@ -312,7 +314,7 @@ impl<S: Store> Slot<S> {
                 Err(blocked) => blocked,
             };
             let now = Instant::now();
-            lock(&self.queue).set_blocked(blocked, now);
+            lock(&self.queue).set_blocked(blocked, cost, now);
             clock.now_waiting(blocked.cause());
             match blocked {
                 Blocked::Cooldown(d) | Blocked::Quota(d) => {
