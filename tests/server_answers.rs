@@ -229,3 +229,49 @@ async fn a_parallel_limit_429_backs_off_without_pausing_others() {
     let other = c.get(URL).send().await.unwrap();
     assert_eq!(info(&other).waited, Duration::ZERO);
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_tokens_remaining_pauses_every_caller_until_the_tokens_reset() {
+    let server = FakeServer::new(|i, _| {
+        let remaining = if i == 0 { "0" } else { "5000" };
+        json(
+            200,
+            &[
+                ("x-ratelimit-limit-tokens", "10000"),
+                ("x-ratelimit-remaining-tokens", remaining),
+                ("x-ratelimit-reset-tokens", "20s"),
+            ],
+            "{}",
+        )
+    });
+    let c = server.client(&throttle());
+    let first = c.get(URL).send().await.unwrap();
+    assert_eq!(info(&first).cooldown, Some(Duration::from_secs(20)));
+    let later = c.get(URL).send().await.unwrap();
+    assert_eq!(info(&later).waits.cooldown, Duration::from_secs(20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn x_should_retry_false_makes_an_answer_final() {
+    let server = FakeServer::new(|_, _| json(503, &[("x-should-retry", "false")], "{}"));
+    let r = server.client(&throttle()).get(URL).send().await.unwrap();
+    let i = info(&r);
+    assert_eq!((r.status().as_u16(), i.attempts), (503, 1));
+    assert_eq!(i.stopped, Some(StopReason::ServerSaidNoRetry));
+}
+
+#[tokio::test(start_paused = true)]
+async fn x_should_retry_true_lets_a_post_be_sent_again() {
+    let server = FakeServer::new(|i, _| match i {
+        0 => json(503, &[("x-should-retry", "true")], "{}"),
+        _ => status(200),
+    });
+    let r = server
+        .client(&throttle())
+        .post(URL)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((r.status().as_u16(), info(&r).attempts), (200, 2));
+}

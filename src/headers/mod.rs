@@ -129,6 +129,10 @@ pub struct Hints {
     pub input_tokens: Option<Allowance>,
     /// The output-token allowance (`anthropic-ratelimit-output-tokens-*`), if any.
     pub output_tokens: Option<Allowance>,
+    /// The server's own word on a retry (`x-should-retry: true|false`, as LLM APIs send to
+    /// their SDKs): `Some(false)` makes the answer final; `Some(true)` vouches that sending
+    /// the request again is safe.
+    pub should_retry: Option<bool>,
 }
 
 /// One allowance reported by a server: a limit, what remains of it, and when it resets.
@@ -224,13 +228,27 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> Hints {
         tokens: anthropic.tokens.or_else(|| openai::tokens(headers)),
         input_tokens: anthropic.input_tokens,
         output_tokens: anthropic.output_tokens,
+        should_retry: should_retry(headers),
+    }
+}
+
+/// `x-should-retry`: `true` or `false`, ASCII case-insensitive; anything else is no hint.
+fn should_retry(headers: &HeaderMap) -> Option<bool> {
+    let value = field::single(headers, "x-should-retry")?;
+    if value.eq_ignore_ascii_case("true") {
+        Some(true)
+    } else if value.eq_ignore_ascii_case("false") {
+        Some(false)
+    } else {
+        None
     }
 }
 
 /// Whether a (lowercase) header name belongs to a family this module reads.
 fn may_be_hint(name: &str) -> bool {
-    const PREFIXES: [&str; 6] = [
+    const PREFIXES: [&str; 7] = [
         "retry-after",
+        "x-should-retry",
         "x-ratelimit-",
         "anthropic-ratelimit-",
         "ratelimit",
@@ -238,6 +256,24 @@ fn may_be_hint(name: &str) -> bool {
         "reset_at",
     ];
     PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+#[cfg(test)]
+mod should_retry_tests {
+    use super::test_support::{map, now};
+    use super::*;
+
+    #[test]
+    fn x_should_retry_is_read_as_a_boolean() {
+        let read = |v: &str| parse(&map(&[("x-should-retry", v)]), now()).should_retry;
+        assert_eq!(read("true"), Some(true));
+        assert_eq!(read(" FALSE "), Some(false));
+        assert_eq!(read("yes"), None);
+        assert_eq!(read(""), None);
+        let twice = map(&[("x-should-retry", "true"), ("x-should-retry", "false")]);
+        assert_eq!(parse(&twice, now()).should_retry, None, "conflicting lines");
+        assert_eq!(parse(&HeaderMap::new(), now()).should_retry, None);
+    }
 }
 
 #[cfg(test)]

@@ -173,6 +173,8 @@ pub enum StopReason {
     Deadline,
     /// The shared retry budget is spent: retries already add their full share of load.
     RetryBudgetExhausted,
+    /// The server said not to retry (`x-should-retry: false`).
+    ServerSaidNoRetry,
     /// The server asked for a wait longer than `max_server_wait`.
     WaitTooLong {
         /// The wait the server asked for.
@@ -202,7 +204,8 @@ impl RetryPolicy {
     /// Decides what to do with `outcome`. `rng` draws the jitter.
     ///
     /// The one owner of the retry decision: a retry is made only if the answer asks for one,
-    /// the request may be resent ([`RequestFacts`]), retries remain, the wait is at most
+    /// the server does not say otherwise (`x-should-retry: false`), the request may be resent
+    /// ([`RequestFacts`]; or the server vouches for it with `x-should-retry: true`), retries remain, the wait is at most
     /// `max_server_wait` and ends before the deadline, and, for an attempt that may have run,
     /// the retry budget has room. The first rule broken is the [`StopReason`].
     ///
@@ -239,9 +242,15 @@ impl RetryPolicy {
             Ok(None) => return Decision::Accept,
             Err(reason) => return Decision::Stop(reason),
         };
+        let server_says = match outcome {
+            Outcome::Response { hints, .. } => hints.should_retry,
+            Outcome::Transport { .. } => None,
+        };
         let stop = if !facts.retry_allowed {
             Some(StopReason::RetryDisabled)
-        } else if wait.may_have_run && !facts.resend_safe {
+        } else if server_says == Some(false) {
+            Some(StopReason::ServerSaidNoRetry)
+        } else if wait.may_have_run && !facts.resend_safe && server_says != Some(true) {
             Some(StopReason::NotSafeToResend)
         } else if facts.retries >= self.max_retries {
             Some(StopReason::RetriesExhausted)
@@ -393,8 +402,9 @@ fn window_wait(hints: &Hints) -> Option<Duration> {
 /// How long every caller sharing the scope should hold off after this answer, if at all (the
 /// shared cooldown):
 /// - a window-type 429 (or a 429 with a reset time and no known type): until the reset;
-/// - any answer, a 200 too, that reports 0 requests remaining with a reset time: until that
-///   reset (proactive pausing). The parser already drops a `remaining` above its `limit`.
+/// - any answer, a 200 too, that reports 0 requests or 0 tokens remaining with a reset time:
+///   until that reset (proactive pausing; the latest, if several are used up). The parser
+///   already drops a `remaining` above its `limit`.
 ///
 /// A `Retry-After` on a success does not close it. A wait longer than `max_wait` closes
 /// nothing: no caller is held that long in silence; each goes and receives the server's own
@@ -409,10 +419,18 @@ pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) ->
     } else {
         None
     };
-    let exhausted = hints
-        .requests
-        .filter(|a| a.remaining == Some(0))
-        .and_then(|a| a.reset_after);
+    // Any allowance used up (requests, or tokens: the next request would be refused too).
+    let exhausted = [
+        hints.requests,
+        hints.tokens,
+        hints.input_tokens,
+        hints.output_tokens,
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|a| a.remaining == Some(0))
+    .filter_map(|a| a.reset_after)
+    .max();
     refused.max(exhausted).filter(|&d| d <= max_wait)
 }
 
@@ -474,6 +492,48 @@ mod tests {
             after: Duration::from_secs(secs),
             may_have_run: true,
         }
+    }
+
+    #[test]
+    fn the_server_says_whether_to_retry() {
+        let p = policy(Jitter::Off);
+        let says = |v| Hints {
+            should_retry: Some(v),
+            ..Hints::default()
+        };
+        // A GET's 503 is retried, unless the server says not to.
+        let get = RequestFacts::new(0, true, true, true);
+        assert_eq!(
+            decide_with(&p, &get, 503, &Hints::default(), &[]),
+            retry_failed(1)
+        );
+        assert_eq!(
+            decide_with(&p, &get, 503, &says(false), &[]),
+            Decision::Stop(StopReason::ServerSaidNoRetry)
+        );
+        let h = Hints {
+            should_retry: Some(false),
+            ..hints(None, Some(2), None)
+        };
+        assert_eq!(
+            decide_with(&p, &get, 429, &h, &[]),
+            Decision::Stop(StopReason::ServerSaidNoRetry)
+        );
+        // A POST's 503 is not resent, unless the server vouches for it.
+        let post = facts(0);
+        assert_eq!(
+            decide_with(&p, &post, 503, &Hints::default(), &[]),
+            Decision::Stop(StopReason::NotSafeToResend)
+        );
+        assert_eq!(
+            decide_with(&p, &post, 503, &says(true), &[]),
+            retry_failed(1)
+        );
+        // `true` makes no answer retryable that was not: a 400 stays accepted.
+        assert_eq!(
+            decide_with(&p, &post, 400, &says(true), &[]),
+            Decision::Accept
+        );
     }
 
     #[test]
@@ -814,6 +874,29 @@ mod tests {
         );
         let ok = hints(Some(LimitKind::Requests), Some(60), Some(8));
         assert_eq!(cooldown(StatusCode::OK, &ok, max), None);
+    }
+
+    #[test]
+    fn cooldown_when_no_tokens_remain() {
+        let max = 120 * S;
+        let tokens = |remaining, reset| Allowance::new(Some(10_000), remaining, reset);
+        let with = |tokens, input, output| Hints {
+            requests: Some(Allowance::new(Some(100), Some(50), Some(S))),
+            tokens,
+            input_tokens: input,
+            output_tokens: output,
+            ..Hints::default()
+        };
+        let none_left = tokens(Some(0), Some(20 * S));
+        let some_left = tokens(Some(900), Some(30 * S));
+        let c = |h: &Hints| cooldown(StatusCode::OK, h, max);
+        assert_eq!(c(&with(Some(none_left), None, None)), Some(20 * S));
+        assert_eq!(c(&with(None, Some(none_left), None)), Some(20 * S));
+        assert_eq!(c(&with(None, None, Some(none_left))), Some(20 * S));
+        assert_eq!(c(&with(Some(some_left), None, None)), None);
+        // Several used up: the latest reset.
+        let later = tokens(Some(0), Some(40 * S));
+        assert_eq!(c(&with(Some(none_left), Some(later), None)), Some(40 * S));
     }
 
     #[test]
