@@ -275,3 +275,32 @@ async fn x_should_retry_true_lets_a_post_be_sent_again() {
         .unwrap();
     assert_eq!((r.status().as_u16(), info(&r).attempts), (200, 2));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_403_rate_limit_is_waited_out_and_pauses_the_scope() {
+    // GitHub-style primary limit: 403 with 0 remaining and a reset in epoch seconds.
+    let server = FakeServer::new(|i, _| match i {
+        0 => json(
+            403,
+            &[
+                ("x-ratelimit-limit", "5000"),
+                ("x-ratelimit-remaining", "0"),
+                ("retry-after", "30"),
+            ],
+            "{}",
+        ),
+        _ => status(200),
+    });
+    let c = server.client(&throttle());
+    let t0 = Instant::now();
+    let r = c.get(URL).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), info(&r).attempts), (200, 2));
+    assert_eq!(
+        server.sent_at(t0),
+        [Duration::ZERO, Duration::from_secs(30)]
+    );
+    // A 403 without such a signal is a refusal of access: returned at once.
+    let server = FakeServer::new(|_, _| json(403, &[], "{}"));
+    let r = server.client(&throttle()).get(URL).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), info(&r).attempts), (403, 1));
+}

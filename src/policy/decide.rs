@@ -325,6 +325,9 @@ impl RetryPolicy {
                 let d = hints.retry_after.unwrap_or(IN_PROGRESS_WAIT);
                 Ok(Some(asked(d, false, rng)))
             }
+            403 if final_code(FINAL_CODES).is_none() && is_rate_limit_403(hints) => {
+                Ok(Some(self.rate_limited(facts, hints, rng)))
+            }
             403 | 409 => final_code(FINAL_CODES).map_or(Ok(None), Err),
             408 | 500 | 502 | 503 | 504 | OVERLOADED => Ok(Some(match hints.retry_after {
                 Some(d) => asked(d, true, rng),
@@ -399,6 +402,17 @@ fn window_wait(hints: &Hints) -> Option<Duration> {
     hints.reset_after.or(hints.retry_after)
 }
 
+/// Whether a `403` is a rate limit rather than a refusal of access: GitHub-style APIs answer
+/// `403` with `Retry-After` (secondary limits) or with 0 requests remaining and a reset time
+/// (primary limits). Such a `403` is waited out as a `429` is; any other stays final (and one
+/// with a final code, e.g. `entitlement-required`, is final whatever its headers).
+fn is_rate_limit_403(hints: &Hints) -> bool {
+    let used_up = hints
+        .requests
+        .is_some_and(|a| a.remaining == Some(0) && a.reset_after.is_some());
+    hints.retry_after.is_some() || used_up
+}
+
 /// How long every caller sharing the scope should hold off after this answer, if at all (the
 /// shared cooldown):
 /// - a window-type 429 (or a 429 with a reset time and no known type): until the reset;
@@ -410,7 +424,9 @@ fn window_wait(hints: &Hints) -> Option<Duration> {
 /// nothing: no caller is held that long in silence; each goes and receives the server's own
 /// answer (a refusal it returns at once, with the wait it asks for).
 pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
-    let refused = if status == StatusCode::TOO_MANY_REQUESTS {
+    let refused = if status == StatusCode::TOO_MANY_REQUESTS
+        || (status == StatusCode::FORBIDDEN && is_rate_limit_403(hints))
+    {
         match hints.limit_kind {
             Some(LimitKind::Requests | LimitKind::Tokens) => window_wait(hints),
             Some(LimitKind::Concurrency) => None,
@@ -492,6 +508,39 @@ mod tests {
             after: Duration::from_secs(secs),
             may_have_run: true,
         }
+    }
+
+    #[test]
+    fn a_403_with_rate_limit_signals_is_waited_out_like_a_429() {
+        let p = policy(Jitter::Off);
+        // Secondary limit: Retry-After.
+        let secondary = hints(None, Some(60), None);
+        assert_eq!(decide(403, &secondary), retry(60));
+        // Primary limit: 0 remaining with a reset.
+        let primary = Hints {
+            requests: Some(Allowance::new(Some(5000), Some(0), Some(30 * S))),
+            ..Hints::default()
+        };
+        assert_eq!(decide(403, &primary), retry(1), "no window wait: backoff");
+        assert_eq!(
+            cooldown(StatusCode::FORBIDDEN, &primary, 120 * S),
+            Some(30 * S)
+        );
+        // No signal: a refusal of access, final as before (accepted as the answer).
+        assert_eq!(decide(403, &Hints::default()), Decision::Accept);
+        let some_left = Hints {
+            requests: Some(Allowance::new(Some(5000), Some(10), Some(30 * S))),
+            ..Hints::default()
+        };
+        assert_eq!(decide(403, &some_left), Decision::Accept);
+        // A final code wins over the signals.
+        assert_eq!(
+            decide_with(&p, &facts(0), 403, &secondary, &["entitlement-required"]),
+            Decision::Stop(StopReason::Final {
+                status: 403,
+                code: "entitlement-required".into()
+            })
+        );
     }
 
     #[test]
