@@ -96,11 +96,13 @@ fn may_carry_code(status: http::StatusCode) -> bool {
 }
 
 /// Whether [`read_error_body`] would read `response`'s body: a 403, 409 or 429 whose
-/// `Content-Length` is at most [`MAX_ERROR_BODY`](crate::headers::MAX_ERROR_BODY).
+/// `Content-Length` is at most [`MAX_ERROR_BODY`](crate::headers::MAX_ERROR_BODY), or that
+/// has none (chunked, HTTP/2).
 pub(crate) fn has_error_body_to_read(response: &reqwest::Response) -> bool {
+    // No length (chunked, HTTP/2): read too, up to the same bound.
     let small = response
         .content_length()
-        .is_some_and(|n| n <= MAX_ERROR_BODY as u64);
+        .is_none_or(|n| n <= MAX_ERROR_BODY as u64);
     may_carry_code(response.status()) && small
 }
 
@@ -128,10 +130,15 @@ pub(crate) async fn read_error_body(
     let outcome = tokio::time::timeout_at(until, async {
         loop {
             match std::future::poll_fn(|cx| Pin::new(&mut rest).poll_frame(cx)).await {
-                None => return Ok(()),
+                None => return Ok(Read::Whole),
                 Some(Ok(frame)) => {
                     if let Some(data) = frame.data_ref() {
                         read.extend_from_slice(data);
+                    }
+                    // A body without a length may be long: past the bound it is no small
+                    // error body, and the rest is left to the caller.
+                    if read.len() > MAX_ERROR_BODY {
+                        return Ok(Read::TooLong);
                     }
                 }
                 Some(Err(e)) => return Err(e),
@@ -141,11 +148,19 @@ pub(crate) async fn read_error_body(
     .await;
     let read = read.freeze();
     let (parsed, body) = match outcome {
-        Ok(Ok(())) => (parse_error_body(&read), reqwest::Body::from(read)),
+        Ok(Ok(Read::Whole)) => (parse_error_body(&read), reqwest::Body::from(read)),
+        Ok(Ok(Read::TooLong)) | Err(_) => (None, Prefixed::body(read, Ok(rest), total)),
         Ok(Err(error)) => (None, Prefixed::body(read, Err(error), total)),
-        Err(_stalled) => (None, Prefixed::body(read, Ok(rest), total)),
     };
     (join(parts, body, url), parsed)
+}
+
+/// How far an error body was read.
+enum Read {
+    /// To its end.
+    Whole,
+    /// Past [`MAX_ERROR_BODY`] bytes, the rest unread.
+    TooLong,
 }
 
 /// The bytes already read from a body, then what is left of it: the rest of the stream, or

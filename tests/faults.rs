@@ -1250,3 +1250,86 @@ async fn a_caller_dropped_between_two_token_buckets_charges_neither() {
     assert_eq!(Instant::now() - t0, S);
     assert_eq!(throttle.stats().sent, 2);
 }
+
+// Error bodies without a length (chunked).
+
+/// `429 insufficient_quota` with a chunked JSON body split in `parts`.
+fn chunked_429(parts: &[&[u8]], end: Step) -> Vec<Step> {
+    let mut steps = vec![Step::Write(head(
+        "429 Too Many Requests",
+        &[("content-type", b"application/json"), ("retry-after", b"1")],
+        &[("transfer-encoding", b"chunked")],
+    ))];
+    for part in parts {
+        steps.push(Step::Write(chunk(part)));
+    }
+    steps.push(end);
+    steps
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decisive_chunked_error_body_is_read_and_kept() {
+    let body: &[u8] = br#"{"error": {"code": "insufficient_quota", "message": "used up"}}"#;
+    let (a, b) = body.split_at(20);
+    let server =
+        RawServer::start(move |_, _| chunked_429(&[a, b], Step::Write(LAST_CHUNK.to_vec()))).await;
+    let throttle = Throttle::builder().max_in_flight(1).build().unwrap();
+    let r = client(&throttle)
+        .get(server.url("/x"))
+        .send()
+        .await
+        .unwrap();
+    let i = info(&r);
+    // One attempt, returned as final, not resent six times.
+    assert_eq!((r.status().as_u16(), i.attempts), (429, 1));
+    assert_eq!(
+        i.stopped,
+        Some(StopReason::Final {
+            status: 429,
+            code: "insufficient_quota".into()
+        })
+    );
+    assert_eq!(r.bytes().await.unwrap(), body);
+    assert_eq!(server.requests(), 1);
+    assert_idle(&throttle, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_chunked_error_body_is_not_read_past_the_bound_and_is_kept_whole() {
+    let filler = vec![b'x'; reqwest_throttle::headers::MAX_ERROR_BODY];
+    let parts: Vec<Vec<u8>> = vec![b"{\"pad\": \"".to_vec(), filler.clone(), b"\"}".to_vec()];
+    let whole: Vec<u8> = parts.concat();
+    let server = RawServer::start(move |_, _| {
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        chunked_429(&refs, Step::Write(LAST_CHUNK.to_vec()))
+    })
+    .await;
+    let throttle = Throttle::builder().max_retries(0).build().unwrap();
+    let r = client(&throttle)
+        .get(server.url("/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(info(&r).stopped, Some(StopReason::RetriesExhausted));
+    assert_eq!(r.bytes().await.unwrap(), whole);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_chunked_error_body_is_handed_back_as_it_came() {
+    let server = RawServer::start(|_, _| chunked_429(&[b"{\"error\": {\"co"], Step::Close)).await;
+    let throttle = Throttle::builder().max_retries(0).build().unwrap();
+    let r = client(&throttle)
+        .get(server.url("/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    // Not parsed; the caller reads what came, then the error that cut it.
+    let mut r = r;
+    assert_eq!(
+        r.chunk().await.unwrap().as_deref(),
+        Some(&b"{\"error\": {\"co"[..])
+    );
+    assert!(r.chunk().await.is_err());
+}
