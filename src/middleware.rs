@@ -71,10 +71,17 @@ struct Call<'a> {
     waits: Waits,
     /// With a deadline, the previous answer is kept through the retry wait: if the deadline
     /// then stops the next attempt, that answer is returned rather than lost.
-    last: Option<(Response, Hints)>,
+    last: Option<Kept>,
     /// The retry wait the deadline ruled out, for the error that says so.
     deadline_wait: Option<Duration>,
     /// The cooldown the last answer closed for the scope.
+    cooldown: Option<Duration>,
+}
+
+/// An answer kept through a retry wait, with the cooldown it closed.
+struct Kept {
+    response: Response,
+    hints: Hints,
     cooldown: Option<Duration>,
 }
 
@@ -95,6 +102,12 @@ impl Inner {
                 Ok(lease) => lease,
                 Err(end) => return end,
             };
+            // Admitted at the deadline: nothing can be sent by it (the admission refuses that
+            // itself; this is the instant between the two).
+            if call.deadline.is_some_and(|d| d <= Instant::now()) {
+                drop(lease);
+                return call.deadline_reached(0, None, None);
+            }
             let result = match send(next.clone(), req, extensions, call.deadline).await {
                 Ok(result) => result,
                 Err(DeadlinePassed) => return call.deadline_reached(1, None, None),
@@ -265,10 +278,13 @@ impl<'a> Call<'a> {
         drop(lease);
         // A newer answer replaces the kept one; a transport error does not.
         let deadline = self.deadline;
-        self.last = attempt
-            .ok()
-            .or(self.last.take())
-            .filter(|_| deadline.is_some());
+        let cooldown = self.cooldown;
+        let newer = attempt.ok().map(|(response, hints)| Kept {
+            response,
+            hints,
+            cooldown,
+        });
+        self.last = newer.or(self.last.take()).filter(|_| deadline.is_some());
         tokio::time::sleep(after).await;
         self.waits.retry += after;
         self.facts.retries += 1;
@@ -326,16 +342,16 @@ impl<'a> Call<'a> {
         failed: Option<Error>,
     ) -> Result<Response> {
         let attempts = self.facts.retries + in_progress;
-        if let Some((response, hints)) = self.last.take() {
+        if let Some(kept) = self.last.take() {
             let info = ThrottleInfo {
                 attempts,
                 waited: self.waits.total(),
                 waits: self.waits,
-                hints,
+                hints: kept.hints,
                 stopped: Some(StopReason::Deadline),
-                cooldown: None,
+                cooldown: kept.cooldown,
             };
-            return Ok(finish(response, None, info));
+            return Ok(finish(kept.response, None, info));
         }
         let last_error = match failed {
             Some(Error::Reqwest(e)) => Some(TransportError::new(e)),
@@ -376,9 +392,6 @@ async fn send(
     extensions: &mut Extensions,
     deadline: Option<Instant>,
 ) -> std::result::Result<Result<(Response, Option<ErrorBody>)>, DeadlinePassed> {
-    if deadline.is_some_and(|d| d <= Instant::now()) {
-        return Err(DeadlinePassed);
-    }
     let head = next.run(req, extensions);
     let head = match deadline {
         Some(d) => tokio::time::timeout_at(d, head)

@@ -24,6 +24,8 @@ pub(crate) struct Place {
 #[derive(Debug)]
 struct Waiter {
     since: Instant,
+    /// The cost it asks for: a waiter of cost 0 may try past a head that waits on a quota.
+    cost: u32,
     waker: Option<Waker>,
     /// Set when the waiter is told something changed (it became the head, a lease was
     /// released, a limit changed); cleared when it looks.
@@ -80,6 +82,8 @@ pub(crate) struct WaitQueue {
     aging: Duration,
     len: usize,
     head_block: Option<HeadBlock>,
+    /// Waiters of cost 0 queued.
+    free_of_quota: usize,
 }
 
 impl WaitQueue {
@@ -90,6 +94,7 @@ impl WaitQueue {
             aging,
             len: 0,
             head_block: None,
+            free_of_quota: 0,
         }
     }
 
@@ -130,8 +135,23 @@ impl WaitQueue {
         self.head_block.is_some_and(|b| b.cause == Cause::Quota)
     }
 
-    /// Records what the head, asking for `cost`, was told holds it back, at `now`.
-    pub(crate) fn set_blocked(&mut self, blocked: Blocked, cost: u32, now: Instant) {
+    /// Records what the waiter at `place`, asking for `cost`, was told holds it back, at
+    /// `now`, if it is the head. When the head waits on a quota, the waiters of cost 0 (whom
+    /// no quota concerns) are woken to try past it.
+    pub(crate) fn set_blocked(&mut self, place: Place, blocked: Blocked, cost: u32, now: Instant) {
+        if self.head(now) != Some(place) {
+            return;
+        }
+        if matches!(blocked, Blocked::Quota(_)) && self.free_of_quota > 0 {
+            let free: Vec<Place> = self
+                .places()
+                .filter(|&(p, w)| w.cost == 0 && p != place)
+                .map(|(p, _)| p)
+                .collect();
+            for p in free {
+                self.wake(p);
+            }
+        }
         let until = match blocked {
             Blocked::Cooldown(d) | Blocked::Quota(d) => Some(crate::clock::instant_after(now, d)),
             Blocked::Queue | Blocked::InFlight => None,
@@ -153,7 +173,7 @@ impl WaitQueue {
     }
 
     /// Queues a waiter of `priority` arriving at `now`.
-    pub(crate) fn push(&mut self, priority: Priority, now: Instant) -> Place {
+    pub(crate) fn push(&mut self, priority: Priority, cost: u32, now: Instant) -> Place {
         let place = Place {
             lane: priority.lane(),
             seq: self.next_seq,
@@ -162,9 +182,11 @@ impl WaitQueue {
         self.len += 1;
         let waiter = Waiter {
             since: now,
+            cost,
             waker: None,
             woken: false,
         };
+        self.free_of_quota += usize::from(cost == 0);
         self.lanes[place.lane].insert(place.seq, waiter);
         place
     }
@@ -172,8 +194,9 @@ impl WaitQueue {
     /// Removes a waiter (admitted, or gone) and wakes whoever is the head now, which has yet
     /// to learn what holds it back.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) {
-        if self.lanes[place.lane].remove(&place.seq).is_some() {
+        if let Some(waiter) = self.lanes[place.lane].remove(&place.seq) {
             self.len -= 1;
+            self.free_of_quota -= usize::from(waiter.cost == 0);
         }
         self.head_block = None;
         self.wake_head(now);
@@ -203,6 +226,29 @@ impl WaitQueue {
             best = Some(place);
         }
         aged.or(best)
+    }
+
+    /// Every waiter, with its place.
+    fn places(&self) -> impl Iterator<Item = (Place, &Waiter)> {
+        self.lanes.iter().enumerate().flat_map(|(lane, waiters)| {
+            waiters
+                .iter()
+                .map(move |(&seq, w)| (Place { lane, seq }, w))
+        })
+    }
+
+    /// The next instant, after `now`, at which a waiter other than `place` at the front of its
+    /// lane reaches the aging bound (and may become the head).
+    pub(crate) fn next_aging(&self, place: Place, now: Instant) -> Option<Instant> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(lane, waiters)| {
+                let (&seq, w) = waiters.first_key_value()?;
+                let aged = w.since.checked_add(self.aging)?;
+                (Place { lane, seq } != place && aged > now).then_some(aged)
+            })
+            .min()
     }
 
     /// Tells the head that something changed, so that it tries again.
@@ -236,7 +282,9 @@ impl WaitQueue {
             return Poll::Ready(());
         };
         waiter.woken = false;
-        if head == Some(place) {
+        let past_the_head =
+            waiter.cost == 0 && self.head_block.is_some_and(|b| b.cause == Cause::Quota);
+        if head == Some(place) || past_the_head {
             return Poll::Ready(());
         }
         register(waiter, cx);
@@ -276,10 +324,10 @@ mod tests {
     fn higher_priority_first_then_arrival_order() {
         let t0 = Instant::now();
         let mut q = WaitQueue::new(AGING);
-        let low = q.push(Priority::Low, t0);
-        let normal1 = q.push(Priority::Normal, t0);
-        let high = q.push(Priority::High, t0);
-        let normal2 = q.push(Priority::Normal, t0);
+        let low = q.push(Priority::Low, 1, t0);
+        let normal1 = q.push(Priority::Normal, 1, t0);
+        let high = q.push(Priority::High, 1, t0);
+        let normal2 = q.push(Priority::Normal, 1, t0);
         assert_eq!(q.len(), 4);
         let mut order = Vec::new();
         while let Some(head) = q.head(t0) {
@@ -294,12 +342,12 @@ mod tests {
     fn a_waiter_past_the_aging_bound_goes_first() {
         let t0 = Instant::now();
         let mut q = WaitQueue::new(AGING);
-        let low = q.push(Priority::Low, t0);
-        let high = q.push(Priority::Critical, t0 + Duration::from_secs(10));
+        let low = q.push(Priority::Low, 1, t0);
+        let high = q.push(Priority::Critical, 1, t0 + Duration::from_secs(10));
         assert_eq!(q.head(t0 + Duration::from_secs(29)), Some(high));
         assert_eq!(q.head(t0 + AGING), Some(low));
         // Of several aged waiters, the one that arrived first.
-        let normal = q.push(Priority::Normal, t0 + Duration::from_secs(1));
+        let normal = q.push(Priority::Normal, 1, t0 + Duration::from_secs(1));
         let at = t0 + Duration::from_secs(45);
         assert_eq!(q.head(at), Some(low));
         q.remove(low, at);
@@ -312,8 +360,8 @@ mod tests {
     fn removing_a_waiter_wakes_the_new_head() {
         let t0 = Instant::now();
         let mut q = WaitQueue::new(AGING);
-        let first = q.push(Priority::Normal, t0);
-        let second = q.push(Priority::Normal, t0);
+        let first = q.push(Priority::Normal, 1, t0);
+        let second = q.push(Priority::Normal, 1, t0);
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         assert_eq!(q.poll_head(second, t0, &mut cx), Poll::Pending);
@@ -327,8 +375,8 @@ mod tests {
     fn a_waiter_that_is_not_the_head_wakes_the_head() {
         let t0 = Instant::now();
         let mut q = WaitQueue::new(AGING);
-        let low = q.push(Priority::Low, t0);
-        let high = q.push(Priority::High, t0);
+        let low = q.push(Priority::Low, 1, t0);
+        let high = q.push(Priority::High, 1, t0);
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         // `high` sleeps as head; by aging `low` becomes the head while it sleeps.

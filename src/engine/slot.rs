@@ -136,8 +136,8 @@ struct Ticket<'a, S: Store> {
 }
 
 impl<'a, S: Store> Ticket<'a, S> {
-    fn new(slot: &'a Slot<S>, priority: Priority) -> Self {
-        let place = lock(&slot.queue).push(priority, Instant::now());
+    fn new(slot: &'a Slot<S>, priority: Priority, cost: u32) -> Self {
+        let place = lock(&slot.queue).push(priority, cost, Instant::now());
         count!(slot, queued, fetch_add);
         Self { slot, place }
     }
@@ -281,12 +281,12 @@ impl<S: Store> Slot<S> {
         match ahead {
             // Nobody waiting: try at once, without a place in the queue.
             None => {
-                if let Ok(lease) = self.try_once(cost).await? {
+                if let Ok(lease) = self.try_once(cost, deadline).await? {
                     return Ok(lease);
                 }
             }
             Some(_) if past_the_head => {
-                if let Ok(lease) = self.try_once(cost).await? {
+                if let Ok(lease) = self.try_once(cost, deadline).await? {
                     return Ok(lease);
                 }
             }
@@ -305,16 +305,20 @@ impl<S: Store> Slot<S> {
         // Queued, then tried again as the head: a slot released between the try above and
         // the queueing woke nobody, and must not be missed.
         clock.start();
-        let ticket = Ticket::new(self, priority);
+        let ticket = Ticket::new(self, priority, cost);
         loop {
             clock.now_waiting(Cause::Queue);
             ticket.head().await;
-            let blocked = match self.try_once(cost).await? {
+            let blocked = match self.try_once(cost, deadline).await? {
                 Ok(lease) => return Ok(lease),
                 Err(blocked) => blocked,
             };
             let now = Instant::now();
-            lock(&self.queue).set_blocked(blocked, cost, now);
+            let next_aging = {
+                let mut queue = lock(&self.queue);
+                queue.set_blocked(ticket.place, blocked, cost, now);
+                queue.next_aging(ticket.place, now)
+            };
             clock.now_waiting(blocked.cause());
             match blocked {
                 Blocked::Cooldown(d) | Blocked::Quota(d) => {
@@ -324,8 +328,11 @@ impl<S: Store> Slot<S> {
                             would_wait: Some(d),
                         });
                     }
+                    // Woken too when another waiter reaches the aging bound: it may be the
+                    // head then, and goes if its cost fits sooner.
+                    let until = next_aging.map_or(ready, |aged| aged.min(ready));
                     tokio::select! {
-                        () = sleep_until(ready) => {}
+                        () = sleep_until(until) => {}
                         () = ticket.woken() => {}
                     }
                 }
@@ -342,8 +349,17 @@ impl<S: Store> Slot<S> {
         }
     }
 
-    /// One try at the store: the lease, or what holds it back.
-    async fn try_once(self: &Arc<Self>, cost: u32) -> Result<Result<Lease, Blocked>, Refused> {
+    /// One try at the store: the lease, or what holds it back. A caller whose deadline has
+    /// come is refused first: admitted at its deadline it could not be sent by it, and the
+    /// quotas would be charged for nothing.
+    async fn try_once(
+        self: &Arc<Self>,
+        cost: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Result<Lease, Blocked>, Refused> {
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            return Err(Refused::Deadline { would_wait: None });
+        }
         let admission = self
             .store
             .admit(&self.state, cost)

@@ -258,7 +258,8 @@ impl RetryPolicy {
             Some(StopReason::BodyNotCloneable)
         } else if let Some(asked) = wait.asked.filter(|&a| a > self.max_server_wait) {
             Some(StopReason::WaitTooLong { asked })
-        } else if facts.time_left.is_some_and(|left| wait.after > left) {
+        } else if facts.time_left.is_some_and(|left| wait.after >= left) {
+            // A retry at the deadline itself could not be sent by it.
             Some(StopReason::Deadline)
         } else if wait.may_have_run && !facts.budget_has_room {
             Some(StopReason::RetryBudgetExhausted)
@@ -590,15 +591,14 @@ mod tests {
         let p = policy(Jitter::Off);
         let h = hints(None, Some(3), None);
         let with_left = |left| facts(0).with_time_left(Some(left));
-        assert_eq!(decide_with(&p, &with_left(3 * S), 429, &h, &[]), retry(3));
+        let ms = Duration::from_millis(1);
         assert_eq!(
-            decide_with(
-                &p,
-                &with_left(3 * S - Duration::from_millis(1)),
-                429,
-                &h,
-                &[]
-            ),
+            decide_with(&p, &with_left(3 * S + ms), 429, &h, &[]),
+            retry(3)
+        );
+        // A retry at the deadline itself could not be sent by it.
+        assert_eq!(
+            decide_with(&p, &with_left(3 * S), 429, &h, &[]),
             Decision::Stop(StopReason::Deadline)
         );
         // A rule broken before it is the reason given.
