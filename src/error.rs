@@ -210,6 +210,15 @@ pub enum ThrottleError {
     Store(#[from] crate::store::StoreError),
 }
 
+/// "1 attempt", "2 attempts".
+fn attempts_text(n: u32) -> String {
+    if n == 1 {
+        "1 attempt".to_owned()
+    } else {
+        format!("{n} attempts")
+    }
+}
+
 fn deadline_message(
     attempts: u32,
     waited: Duration,
@@ -219,10 +228,12 @@ fn deadline_message(
     let mut message = match would_wait {
         Some(wait) => format!(
             "the deadline comes before the request could go: it would wait {wait:?} more \
-             (after {attempts} attempts and {waited:?} waiting in the throttle)"
+             (after {} and {waited:?} waiting in the throttle)",
+            attempts_text(attempts)
         ),
         None => format!(
-            "deadline passed after {attempts} attempts and {waited:?} waiting in the throttle"
+            "deadline passed after {} and {waited:?} waiting in the throttle",
+            attempts_text(attempts)
         ),
     };
     if let Some(e) = last_error {

@@ -129,7 +129,7 @@ async fn a_deadline_that_passes_during_an_attempt_says_it_passed() {
     );
     assert!(
         e.to_string()
-            .starts_with("deadline passed after 1 attempts"),
+            .starts_with("deadline passed after 1 attempt "),
         "{e}"
     );
 }
