@@ -113,7 +113,8 @@ impl Inner {
                 Err(DeadlinePassed) => return call.deadline_reached(1, None, None),
             };
             call.facts.cloneable = spare.is_some();
-            let (decision, attempt) = call.judge(result).await;
+            let sent_to = spare.as_ref().map(Request::url);
+            let (decision, attempt) = call.judge(result, sent_to).await;
             match (decision, spare) {
                 (Decision::Retry { after, .. }, Some(spare)) => {
                     call.wait(lease, attempt, after).await;
@@ -192,9 +193,12 @@ impl<'a> Call<'a> {
 
     /// Reads what one attempt produced, closes the scope's cooldown if it says so, and
     /// decides on it.
+    /// `sent_to` is the URL the request was sent to, when a retry could follow: an answer from
+    /// another URL came after a redirect, so the first hop ran.
     async fn judge(
         &mut self,
         result: Result<(Response, Option<ErrorBody>)>,
+        sent_to: Option<&reqwest::Url>,
     ) -> (Decision, Attempt) {
         let (response, error_body) = match result {
             Ok(answer) => answer,
@@ -204,6 +208,7 @@ impl<'a> Call<'a> {
                 return (decision, Err(err));
             }
         };
+        self.facts.redirected = sent_to.is_some_and(|url| url != response.url());
         let hints = headers::parse(response.headers(), SystemTime::now());
         let status = response.status();
         if status == StatusCode::TOO_MANY_REQUESTS {

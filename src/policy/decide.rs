@@ -101,6 +101,10 @@ pub struct RequestFacts {
     /// Whether the shared retry budget has room for a retry of a failure (an attempt that
     /// may have run); refusals never draw on it.
     pub budget_has_room: bool,
+    /// Whether the answer came from another URL than the one the request was sent to: the
+    /// HTTP client followed a redirect (below this layer), so the first hop ran, and even a
+    /// refusal of a later hop does not make the request safe to send again.
+    pub redirected: bool,
 }
 
 impl RequestFacts {
@@ -121,7 +125,14 @@ impl RequestFacts {
             retry_allowed,
             time_left: None,
             budget_has_room: true,
+            redirected: false,
         }
+    }
+
+    /// These facts for an answer that came after a redirect (`true`) or not.
+    pub const fn with_redirected(mut self, redirected: bool) -> Self {
+        self.redirected = redirected;
+        self
     }
 
     /// These facts with `time_left` before the deadline (`None`: no deadline).
@@ -175,6 +186,9 @@ pub enum StopReason {
     RetryBudgetExhausted,
     /// The server said not to retry (`x-should-retry: false`).
     ServerSaidNoRetry,
+    /// The answer came after a redirect (the HTTP client followed it), so the first hop ran;
+    /// the request is neither idempotent nor keyed, so it is not sent again.
+    RanBeforeRedirect,
     /// The server asked for a wait longer than `max_server_wait`.
     WaitTooLong {
         /// The wait the server asked for.
@@ -250,6 +264,8 @@ impl RetryPolicy {
             Some(StopReason::RetryDisabled)
         } else if server_says == Some(false) {
             Some(StopReason::ServerSaidNoRetry)
+        } else if facts.redirected && !facts.resend_safe && server_says != Some(true) {
+            Some(StopReason::RanBeforeRedirect)
         } else if wait.may_have_run && !facts.resend_safe && server_says != Some(true) {
             Some(StopReason::NotSafeToResend)
         } else if facts.retries >= self.max_retries {
@@ -542,6 +558,23 @@ mod tests {
                 code: "entitlement-required".into()
             })
         );
+    }
+
+    #[test]
+    fn after_a_redirect_only_what_is_safe_to_resend_is_resent() {
+        let p = policy(Jitter::Off);
+        let h = hints(None, Some(1), None);
+        let post = facts(0).with_redirected(true);
+        assert_eq!(
+            decide_with(&p, &post, 429, &h, &[]),
+            Decision::Stop(StopReason::RanBeforeRedirect)
+        );
+        let get = RequestFacts::new(0, true, true, true).with_redirected(true);
+        assert_eq!(decide_with(&p, &get, 429, &h, &[]), retry(1));
+        // Without a redirect a 429 is always safe to resend.
+        assert_eq!(decide_with(&p, &facts(0), 429, &h, &[]), retry(1));
+        // A final answer after a redirect is just accepted.
+        assert_eq!(decide_with(&p, &post, 200, &h, &[]), Decision::Accept);
     }
 
     #[test]
