@@ -208,7 +208,7 @@ impl<'a> Call<'a> {
                 return (decision, Err(err));
             }
         };
-        self.facts.redirected = sent_to.is_some_and(|url| url != response.url());
+        self.facts.redirected = sent_to.is_some_and(|url| answered_elsewhere(url, &response));
         let hints = headers::parse(response.headers(), SystemTime::now());
         let status = response.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
@@ -371,6 +371,16 @@ impl<'a> Call<'a> {
             last_error,
         }))
     }
+}
+
+/// Whether `response` came from another URL than `sent_to` (reqwest followed a redirect). A
+/// response made without a URL (by another middleware: reqwest then gives it a placeholder
+/// host) says nothing.
+fn answered_elsewhere(sent_to: &reqwest::Url, response: &Response) -> bool {
+    /// The host reqwest gives a response built without a URL.
+    const NO_URL_HOST: &str = "no.url.provided.local";
+    let url = response.url();
+    url.host_str() != Some(NO_URL_HOST) && url != sent_to
 }
 
 /// Returns `response` with its report, its body holding `permit` until it ends when the

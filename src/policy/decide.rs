@@ -264,10 +264,10 @@ impl RetryPolicy {
             Some(StopReason::RetryDisabled)
         } else if server_says == Some(false) {
             Some(StopReason::ServerSaidNoRetry)
-        } else if facts.redirected && !facts.resend_safe && server_says != Some(true) {
-            Some(StopReason::RanBeforeRedirect)
         } else if wait.may_have_run && !facts.resend_safe && server_says != Some(true) {
             Some(StopReason::NotSafeToResend)
+        } else if facts.redirected && !facts.resend_safe && server_says != Some(true) {
+            Some(StopReason::RanBeforeRedirect)
         } else if facts.retries >= self.max_retries {
             Some(StopReason::RetriesExhausted)
         } else if !facts.cloneable {
