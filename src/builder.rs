@@ -202,9 +202,13 @@ impl ThrottleBuilder {
         self
     }
 
-    /// How long past its sliding window a send stays counted, to absorb the difference between
-    /// when this client sends and when the server counts (latency varies). Zero trusts the
-    /// network to keep sends in order and equally delayed.
+    /// The latency guard (default 100 ms): the difference this client allows between when it
+    /// sends and when the server counts (latency varies, and servers count on arrival). A
+    /// sliding window keeps each send counted this much past its window; a token bucket keeps
+    /// this much of its tolerance in hand (about `d × rate` cells of its burst, at least one),
+    /// so sends paced exactly but arriving up to `d` closer together still fit the server's
+    /// bucket; its rate is kept. Zero trusts the network to keep sends in order and equally
+    /// delayed.
     ///
     /// `build` fails with [`BuildError::WindowGuardTooLong`] when `d` is longer than a sliding
     /// window's own length (a send would stay counted for more than twice its window).
@@ -366,6 +370,7 @@ impl ThrottleBuilder {
             }
         }
         limits.buckets = self.buckets;
+        limits.bucket_guard = self.window_guard;
         let policy = RetryPolicy {
             max_retries: self.max_retries,
             backoff: Backoff { base, cap },

@@ -125,6 +125,10 @@ pub struct Limits {
     pub windows: Vec<WindowQuota>,
     /// Token-bucket quotas (`governor`'s GCRA); every one must admit a request.
     pub buckets: Vec<governor::Quota>,
+    /// The latency guard of the token buckets: each keeps this much of its tolerance (burst)
+    /// in hand, so that sends paced exactly but arriving up to this much closer together
+    /// still fit the server's bucket. Zero: none.
+    pub bucket_guard: Duration,
 }
 
 impl Limits {
@@ -142,6 +146,12 @@ impl Limits {
     /// These limits with one more sliding window.
     pub fn with_window(mut self, window: WindowQuota) -> Self {
         self.windows.push(window);
+        self
+    }
+
+    /// These limits with a latency guard of `guard` for their token buckets.
+    pub fn with_bucket_guard(mut self, guard: Duration) -> Self {
+        self.bucket_guard = guard;
         self
     }
 

@@ -33,7 +33,7 @@ impl Quotas {
             buckets: limits
                 .buckets
                 .iter()
-                .map(|&q| TokenBucket::new(q))
+                .map(|&q| TokenBucket::new(q, limits.bucket_guard))
                 .collect(),
         }
     }
@@ -52,9 +52,9 @@ impl Quotas {
         self.buckets.truncate(limits.buckets.len());
         for (i, &q) in limits.buckets.iter().enumerate() {
             match self.buckets.get_mut(i) {
-                Some(bucket) if bucket.quota() == q => {}
-                Some(bucket) => *bucket = TokenBucket::new_empty(q),
-                None => self.buckets.push(TokenBucket::new(q)),
+                Some(bucket) if bucket.quota() == q => bucket.set_guard(limits.bucket_guard),
+                Some(bucket) => *bucket = TokenBucket::new_empty(q, limits.bucket_guard),
+                None => self.buckets.push(TokenBucket::new(q, limits.bucket_guard)),
             }
         }
     }

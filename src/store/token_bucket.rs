@@ -3,8 +3,8 @@
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-#[cfg(test)]
 use governor::clock::Clock;
 use governor::middleware::NoOpMiddleware;
 use governor::nanos::Nanos;
@@ -14,26 +14,47 @@ use tokio::time::Instant;
 
 use crate::clock::TokioClock;
 
-/// `governor`'s GCRA state (its theoretical arrival time), shared with the bucket that owns
-/// the limiter so that a charge can be taken back: several buckets are then charged all or
-/// nothing. Every use is under the scope's lock.
+/// `governor`'s GCRA state (its theoretical arrival time, TAT), shared with the bucket that
+/// owns the limiter so that a charge can be taken back (several buckets are then charged all
+/// or nothing), and so that a latency guard can be kept: governor decides on a TAT `guard`
+/// later than the one kept (the server's, for sends that arrive as they were sent), so every
+/// admission leaves `guard` of the tolerance in hand; what it charges is added to the TAT
+/// kept. Sends then keep the bucket's rate, with `guard` of margin for arrivals that come
+/// closer together than they were sent. Every use is under the scope's lock.
 #[derive(Debug, Clone, Default)]
-struct SavedState(Arc<AtomicU64>);
+struct SavedState {
+    tat: Arc<AtomicU64>,
+    /// The guard, in nanoseconds.
+    guard: Arc<AtomicU64>,
+    /// The clock reading of the check in progress, in nanoseconds.
+    now: Arc<AtomicU64>,
+}
 
 /// The state of a bucket never charged.
 const UNSET: u64 = u64::MAX;
 
 impl SavedState {
-    fn new() -> Self {
-        Self(Arc::new(AtomicU64::new(UNSET)))
+    fn new(guard: Duration) -> Self {
+        let state = Self {
+            tat: Arc::new(AtomicU64::new(UNSET)),
+            guard: Arc::default(),
+            now: Arc::default(),
+        };
+        state.set_guard(guard);
+        state
+    }
+
+    fn set_guard(&self, guard: Duration) {
+        let nanos = u64::try_from(guard.as_nanos()).unwrap_or(u64::MAX);
+        self.guard.store(nanos, Ordering::Relaxed);
     }
 
     fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.tat.load(Ordering::Relaxed)
     }
 
     fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
+        self.tat.store(v, Ordering::Relaxed);
     }
 }
 
@@ -44,9 +65,20 @@ impl StateStore for SavedState {
     where
         F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
     {
-        let old = Some(self.get()).filter(|&v| v != UNSET).map(Nanos::from);
-        let (result, new) = f(old)?;
-        self.set(new.into());
+        let guard = self.guard.load(Ordering::Relaxed);
+        let now = self.now.load(Ordering::Relaxed);
+        let kept = Some(self.get()).filter(|&v| v != UNSET);
+        // A bucket never charged has no history on the server either: no guard needed.
+        let shown = kept.map(|tat| tat.saturating_add(guard));
+        let (result, new) = f(shown.map(Nanos::from))?;
+        let new = u64::from(new);
+        // The TAT kept is the server's: the charge governor made (its new TAT past the one it
+        // was shown, or past now), added to the kept TAT (or now).
+        let kept = match (kept, shown) {
+            (Some(tat), Some(shown)) => tat.max(now) + new.saturating_sub(shown.max(now)),
+            _ => new,
+        };
+        self.set(kept);
         Ok(result)
     }
 }
@@ -71,10 +103,10 @@ pub(crate) struct TokenBucket {
 }
 
 impl TokenBucket {
-    /// A full bucket.
-    pub(crate) fn new(quota: Quota) -> Self {
+    /// A full bucket, keeping `guard` of its tolerance in hand (see [`SavedState`]).
+    pub(crate) fn new(quota: Quota, guard: Duration) -> Self {
         let clock = TokioClock::new();
-        let state = SavedState::new();
+        let state = SavedState::new(guard);
         Self {
             gcra: RateLimiter::new(quota, state.clone(), clock),
             state,
@@ -91,9 +123,14 @@ impl TokenBucket {
         self.last_take = self.before.1;
     }
 
+    /// Takes a new latency guard.
+    pub(crate) fn set_guard(&mut self, guard: Duration) {
+        self.state.set_guard(guard);
+    }
+
     /// An empty bucket: its first cell comes one replenish interval from now.
-    pub(crate) fn new_empty(quota: Quota) -> Self {
-        let mut bucket = Self::new(quota);
+    pub(crate) fn new_empty(quota: Quota, guard: Duration) -> Self {
+        let mut bucket = Self::new(quota, guard);
         let burst = quota.burst_size();
         // A fresh bucket holds exactly its burst.
         let _ = bucket.try_take(burst, Instant::now());
@@ -116,6 +153,9 @@ impl TokenBucket {
     /// `cost` must be at most the quota's burst size.
     pub(crate) fn try_take(&mut self, cost: NonZeroU32, now: Instant) -> Result<(), Instant> {
         let before = (self.state.get(), self.last_take);
+        self.state
+            .now
+            .store(self.clock.now().into(), Ordering::Relaxed);
         match self.gcra.check_n(cost) {
             Ok(Ok(())) => {
                 self.before = before;
@@ -146,7 +186,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn burst_then_refill_at_the_rate() {
         let quota = Quota::per_second(NonZeroU32::new(2).unwrap());
-        let mut bucket = TokenBucket::new(quota);
+        let mut bucket = TokenBucket::new(quota, Duration::ZERO);
         assert!(bucket.is_full(Instant::now()));
         assert_eq!(bucket.try_take(one(), Instant::now()), Ok(()));
         assert_eq!(bucket.try_take(one(), Instant::now()), Ok(()));
@@ -165,7 +205,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn cost_takes_several_cells() {
         let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
-        let mut bucket = TokenBucket::new(quota);
+        let mut bucket = TokenBucket::new(quota, Duration::ZERO);
         let now = Instant::now();
         assert_eq!(bucket.try_take(NonZeroU32::new(10).unwrap(), now), Ok(()));
         let t = bucket.now();
@@ -178,11 +218,41 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_empty_bucket_waits_one_interval() {
         let quota = Quota::per_second(NonZeroU32::new(4).unwrap());
-        let mut bucket = TokenBucket::new_empty(quota);
+        let mut bucket = TokenBucket::new_empty(quota, Duration::ZERO);
         let t = bucket.now();
         assert_eq!(
             bucket.try_take(one(), Instant::now()),
             Err(t + Duration::from_millis(250))
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guard_keeps_a_margin_of_the_burst_and_the_rate() {
+        // 10 per second (a cell every 100 ms), burst 10, a guard of one interval.
+        let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
+        let mut bucket = TokenBucket::new(quota, Duration::from_millis(100));
+        let t0 = Instant::now();
+        for _ in 0..9 {
+            assert_eq!(bucket.try_take(one(), t0), Ok(()));
+        }
+        // The tenth cell stays in hand: 100 ms of margin.
+        assert_eq!(
+            bucket.try_take(one(), t0),
+            Err(t0 + Duration::from_millis(100))
+        );
+        // Then one every 100 ms: the rate is kept.
+        for k in 1..=5u64 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            let now = Instant::now();
+            assert_eq!(bucket.try_take(one(), now), Ok(()), "at {k}00 ms");
+            assert!(bucket.try_take(one(), now).is_err(), "only one at {k}00 ms");
+        }
+        // After a long idle time the bucket is full again, less the margin.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let now = Instant::now();
+        let admitted = (0..20)
+            .take_while(|_| bucket.try_take(one(), now).is_ok())
+            .count();
+        assert_eq!(admitted, 9);
     }
 }
