@@ -1,8 +1,8 @@
 //! Anthropic style `anthropic-ratelimit-{family}-{limit,remaining,reset}`, where the
 //! family is `requests`, `tokens`, `input-tokens` or `output-tokens`.
 //!
-//! Limits and remainders are counts; resets are RFC 3339 times (a time not after now,
-//! or implausibly far, is no hint: see [`super::clock`]). The combined `tokens` family is the token allowance when present;
+//! Limits and remainders are counts; resets are RFC 3339 times (a time not after now is
+//! no hint, see [`super::clock`]). The combined `tokens` family is the token allowance when present;
 //! otherwise the input or output family with the smaller `remaining` stands in for
 //! it (a known `remaining` beats an unknown one; on a tie, input wins).
 
@@ -104,7 +104,11 @@ mod tests {
                     "anthropic-ratelimit-requests-reset",
                     b"2030-01-01T00:00:00Z",
                 )],
-                None,
+                Some(Allowance::new(
+                    None,
+                    None,
+                    Some(crate::headers::MAX_HINT_DELAY),
+                )),
             ),
             (
                 &[(

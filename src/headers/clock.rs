@@ -6,8 +6,10 @@
 //!   seconds, anything smaller is seconds from now.
 //! * **Absolute resets** (epoch numbers, RFC 3339 stamps) that are not after `now`
 //!   are no hint (`None`): a stale time must not beat a relative `Retry-After`.
-//! * **Every reset** further ahead than [`MAX_RESET_AHEAD`] is no hint either, so an
-//!   implausible value never closes a cooldown.
+//! * **Numeric resets** further ahead than [`MAX_RESET_AHEAD`] are no hint either: their
+//!   unit is inferred, so such a value is a misreading, and it must never close a
+//!   cooldown. An RFC 3339 stamp names its time unambiguously: a far one saturates at
+//!   [`MAX_HINT_DELAY`] (and a throttle returns such an answer as too long a wait).
 //! * **Clock skew.** When the answer's `Date` header (RFC 9110 §6.6.1) differs from
 //!   `now` by more than [`MAX_UNNOTICED_SKEW`] (2 s; the header has 1 s resolution),
 //!   absolute times are read against the server's clock: the delay is measured from the
@@ -31,7 +33,7 @@ pub const EPOCH_MILLIS_THRESHOLD: u64 = 1_000_000_000_000;
 /// from now.
 pub const EPOCH_SECONDS_THRESHOLD: u64 = 1_000_000_000;
 
-/// The furthest ahead a reset may lie (366 days, as [`MAX_HINT_DELAY`]): a reset further
+/// The furthest ahead a numeric reset may lie (366 days, as [`MAX_HINT_DELAY`]): one further
 /// away is no hint, not a saturated one.
 pub const MAX_RESET_AHEAD: Duration = MAX_HINT_DELAY;
 
@@ -79,20 +81,24 @@ impl Clock {
             .min(MAX_HINT_DELAY)
     }
 
-    /// Time until the absolute reset `at`: `None` if it is not after now or lies further
-    /// ahead than [`MAX_RESET_AHEAD`].
-    pub(super) fn reset_at(&self, at: SystemTime) -> Option<Duration> {
+    /// Time until the absolute reset `at`: `None` if it is not after now, else capped at
+    /// [`MAX_HINT_DELAY`].
+    fn reset_at(&self, at: SystemTime) -> Option<Duration> {
+        let d = at.duration_since(self.now).ok()?;
+        (!d.is_zero()).then_some(d.min(MAX_HINT_DELAY))
+    }
+
+    /// Time until the reset `since_epoch` after 1970-01-01T00:00:00Z: `None` if it is not
+    /// after now or lies further ahead than [`MAX_RESET_AHEAD`].
+    fn reset_at_epoch(&self, since_epoch: Duration) -> Option<Duration> {
+        let at = UNIX_EPOCH.checked_add(since_epoch)?;
         let d = at.duration_since(self.now).ok()?;
         (!d.is_zero() && d <= MAX_RESET_AHEAD).then_some(d)
     }
 
-    /// Time until the reset `since_epoch` after 1970-01-01T00:00:00Z (see [`Clock::reset_at`]).
-    fn reset_at_epoch(&self, since_epoch: Duration) -> Option<Duration> {
-        self.reset_at(UNIX_EPOCH.checked_add(since_epoch)?)
-    }
-
     /// A reset given as an RFC 3339 timestamp such as `2025-01-20T10:30:00Z` (parsed by
-    /// [`jiff::Timestamp`], so an offset is required); see [`Clock::reset_at`].
+    /// [`jiff::Timestamp`], so an offset is required): `None` if it does not parse or is
+    /// not after now; a far one saturates at [`MAX_HINT_DELAY`].
     pub(super) fn rfc3339_reset(&self, value: &str) -> Option<Duration> {
         let stamp: jiff::Timestamp = value.parse().ok()?;
         self.reset_at(SystemTime::try_from(stamp).ok()?)
@@ -134,11 +140,12 @@ mod tests {
             ("2023-11-14T22:13:20.25Z", Some(Duration::from_millis(250))),
             ("2023-11-14T23:13:30+01:00", s(10)),
             ("2024-11-14T22:13:20Z", s(366 * 86_400)),
-            // not after now, or implausibly far: no hint
+            // an explicit far time saturates
+            ("2024-11-14T22:13:21Z", Some(MAX_HINT_DELAY)),
+            ("9000-01-01T00:00:00Z", Some(MAX_HINT_DELAY)),
+            // not after now: no hint
             ("2023-11-14T22:13:20Z", None),
             ("2020-01-01T00:00:00Z", None),
-            ("2024-11-14T22:13:21Z", None),
-            ("9000-01-01T00:00:00Z", None),
             // outside jiff's range (it ends late on 9999-12-30 UTC): not a time
             ("9999-12-31T23:59:59Z", None),
             ("2023-11-14T22:13:30", None),

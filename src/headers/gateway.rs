@@ -8,7 +8,8 @@
 //!
 //! `reset_at` is RFC 3339 (`2025-01-20T10:30:00Z`), or a decimal number read by the
 //! numeric-reset rule of [`super::clock`]: epoch milliseconds, epoch seconds or seconds
-//! from now, by its size. A time not after now, or implausibly far, is no hint.
+//! from now, by its size. A time not after now, or a number implausibly far ahead, is
+//! no hint; a far RFC 3339 time saturates.
 
 use std::time::Duration;
 
@@ -172,7 +173,10 @@ mod tests {
             (b"99999999999", None),
             (b"100000000000", None),
             (b"99999999999999999999999999", None),
-            (b"2099-01-01T00:00:00Z", None),
+            (
+                b"2099-01-01T00:00:00Z",
+                Some(crate::headers::MAX_HINT_DELAY),
+            ),
             (b"99999999", None),
             // malformed
             (b"-1700000060", None),

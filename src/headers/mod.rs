@@ -51,9 +51,10 @@
 //!   `>=` [`EPOCH_SECONDS_THRESHOLD`] (10^9) is Unix epoch seconds, anything smaller is
 //!   seconds from now. A decimal fraction is accepted.
 //! * **Implausible resets are no hint** (`None`): an absolute reset (epoch number,
-//!   RFC 3339) not after now, or any reset further ahead than [`MAX_RESET_AHEAD`]
-//!   (366 days). So a stale or mistaken time never beats `Retry-After` and never
-//!   closes a cooldown.
+//!   RFC 3339) not after now, or a numeric reset further ahead than [`MAX_RESET_AHEAD`]
+//!   (366 days). So a stale or misread time never beats `Retry-After` and never
+//!   closes a cooldown. An RFC 3339 reset names its time without doubt: a far one
+//!   saturates at [`MAX_HINT_DELAY`] (a throttle returns it as too long a wait).
 //! * **Clock skew.** When the answer's `Date` header (RFC 9110 §6.6.1) differs from
 //!   `now` by more than [`MAX_UNNOTICED_SKEW`] (2 s; it has 1 s resolution), every
 //!   absolute time of that answer (epoch resets, RFC 3339 resets, `Retry-After`
