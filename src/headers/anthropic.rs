@@ -1,16 +1,14 @@
 //! Anthropic style `anthropic-ratelimit-{family}-{limit,remaining,reset}`, where the
 //! family is `requests`, `tokens`, `input-tokens` or `output-tokens`.
 //!
-//! Limits and remainders are counts; resets are RFC 3339 times (a time in the past
-//! means zero). The combined `tokens` family is the token allowance when present;
+//! Limits and remainders are counts; resets are RFC 3339 times (a time not after now is
+//! no hint, see [`super::clock`]). The combined `tokens` family is the token allowance when present;
 //! otherwise the input or output family with the smaller `remaining` stands in for
 //! it (a known `remaining` beats an unknown one; on a tie, input wins).
 
-use std::time::SystemTime;
-
 use http::HeaderMap;
 
-use super::{allowance, clock, field, number, Allowance};
+use super::{allowance, clock::Clock, field, number, Allowance};
 
 /// The allowances found in the `anthropic-ratelimit-*` headers.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -22,14 +20,14 @@ pub(super) struct Anthropic {
 }
 
 /// Reads every `anthropic-ratelimit-*` family.
-pub(super) fn read(headers: &HeaderMap, now: SystemTime) -> Anthropic {
+pub(super) fn read(headers: &HeaderMap, clock: &Clock) -> Anthropic {
     let family = |name: &str| {
         let value =
             |part: &str| field::single(headers, &format!("anthropic-ratelimit-{name}-{part}"));
         allowance(
             value("limit").and_then(number::count),
             value("remaining").and_then(number::count),
-            value("reset").and_then(|v| clock::until_rfc3339(now, v)),
+            value("reset").and_then(|v| clock.rfc3339_reset(v)),
         )
     };
     let input_tokens = family("input-tokens");
@@ -83,13 +81,34 @@ mod tests {
                 ],
                 a(Some(50), Some(45), Some(40)),
             ),
-            // a reset in the past is zero
+            // a reset not after now, or implausibly far, is no hint
             (
                 &[(
                     "anthropic-ratelimit-requests-reset",
                     b"2023-11-14T22:00:00Z",
                 )],
-                a(None, None, Some(0)),
+                None,
+            ),
+            (
+                &[
+                    ("anthropic-ratelimit-requests-limit", b"50"),
+                    (
+                        "anthropic-ratelimit-requests-reset",
+                        b"2023-11-14T22:13:17Z",
+                    ),
+                ],
+                a(Some(50), None, None),
+            ),
+            (
+                &[(
+                    "anthropic-ratelimit-requests-reset",
+                    b"2030-01-01T00:00:00Z",
+                )],
+                Some(Allowance::new(
+                    None,
+                    None,
+                    Some(crate::headers::MAX_HINT_DELAY),
+                )),
             ),
             (
                 &[(
@@ -117,7 +136,11 @@ mod tests {
             (&[], None),
         ];
         for (pairs, want) in cases {
-            assert_eq!(read(&map(pairs), now()).requests, *want, "{pairs:?}");
+            assert_eq!(
+                read(&map(pairs), &Clock::at(now())).requests,
+                *want,
+                "{pairs:?}"
+            );
         }
     }
 
@@ -159,16 +182,63 @@ mod tests {
         for (pairs, want) in cases {
             let borrowed: Vec<(&str, &[u8])> =
                 pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-            let got = read(&map(&borrowed), now());
+            let got = read(&map(&borrowed), &Clock::at(now()));
             assert_eq!(got.tokens, want, "{pairs:?}");
         }
         let h = map(&[
             ("anthropic-ratelimit-input-tokens-remaining", b"7"),
             ("anthropic-ratelimit-output-tokens-remaining", b"8"),
         ]);
-        let got = read(&h, now());
+        let got = read(&h, &Clock::at(now()));
         assert_eq!(got.input_tokens, a(None, Some(7), None));
         assert_eq!(got.output_tokens, a(None, Some(8), None));
         assert_eq!(got.tokens, a(None, Some(7), None));
+    }
+
+    /// RFC 3339 resets are read against the server's clock when `Date` shows a clear skew.
+    #[test]
+    fn resets_under_clock_skew() {
+        // (Date, reset on the server's clock 2 s after its Date, wanted seconds)
+        let cases = [
+            (
+                "Tue, 14 Nov 2023 22:13:23 GMT",
+                "2023-11-14T22:13:25Z",
+                Some(2),
+            ), // 3 s ahead
+            (
+                "Tue, 14 Nov 2023 23:13:20 GMT",
+                "2023-11-14T23:13:22Z",
+                Some(2),
+            ), // 1 h ahead
+            (
+                "Tue, 14 Nov 2023 22:13:17 GMT",
+                "2023-11-14T22:13:19Z",
+                Some(2),
+            ), // 3 s behind
+            (
+                "Tue, 14 Nov 2023 21:13:20 GMT",
+                "2023-11-14T21:13:22Z",
+                Some(2),
+            ), // 1 h behind
+            (
+                "Tue, 14 Nov 2023 22:13:18 GMT",
+                "2023-11-14T22:13:20Z",
+                None,
+            ), // 2 s: noise
+            (
+                "Tue, 14 Nov 2023 23:13:20 GMT",
+                "2023-11-14T22:14:00Z",
+                None,
+            ), // past for it
+        ];
+        for (date, reset, want) in cases {
+            let h = map(&[
+                ("date", date),
+                ("anthropic-ratelimit-tokens-limit", "1000"),
+                ("anthropic-ratelimit-tokens-reset", reset),
+            ]);
+            let got = crate::headers::parse(&h, now()).tokens;
+            assert_eq!(got, a(Some(1000), None, want), "{date} {reset}");
+        }
     }
 }

@@ -6,22 +6,16 @@
 //! `None`. The module docs of [`headers`](super) show the same table, checked against
 //! [`SPELLINGS`] by a test.
 //!
-//! `reset_at` is an absolute time: RFC 3339 (`2025-01-20T10:30:00Z`), or a decimal
-//! Unix epoch number. Epoch numbers below [`EPOCH_MILLIS_THRESHOLD`] are seconds,
-//! larger ones milliseconds (see the constant for why the two cannot be confused).
+//! `reset_at` is RFC 3339 (`2025-01-20T10:30:00Z`), or a decimal number read by the
+//! numeric-reset rule of [`super::clock`]: epoch milliseconds, epoch seconds or seconds
+//! from now, by its size. A time not after now, or a number implausibly far ahead, is
+//! no hint; a far RFC 3339 time saturates.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::HeaderMap;
 
-use super::{clock, field, number, LimitKind};
-
-/// Epoch numbers at or above this (10^11) in `reset_at` are milliseconds, below it seconds.
-///
-/// 10^11 seconds is the year 5138, far past any reset; 10^11 milliseconds is
-/// 1973-03-03, far before any reset. So any plausible reset time is read correctly
-/// whichever unit the server picked.
-pub const EPOCH_MILLIS_THRESHOLD: u64 = 100_000_000_000;
+use super::{clock::Clock, field, number, LimitKind};
 
 /// Every `rate_limit_type` spelling recognised, in the normalized form matched (lowercase,
 /// `_` for `-` and spaces), with the kind it names; in the order of the module docs' table.
@@ -72,30 +66,20 @@ fn kind(value: &str) -> Option<LimitKind> {
 }
 
 /// Time until `reset_at`, relative to `now`.
-pub(super) fn reset_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    field::single(headers, "reset_at").and_then(|v| reset_at(v, now))
-}
-
-fn reset_at(value: &str, now: SystemTime) -> Option<Duration> {
-    match number::decimal(value) {
-        Some((int, frac)) => {
-            let unit = if number::count(int)? < EPOCH_MILLIS_THRESHOLD {
-                number::SECONDS
-            } else {
-                number::MILLIS
-            };
-            let since_epoch = number::duration(number::nanos(int, frac, unit));
-            Some(clock::until_epoch(now, since_epoch))
+pub(super) fn reset_after(headers: &HeaderMap, clock: &Clock) -> Option<Duration> {
+    field::single(headers, "reset_at").and_then(|v| {
+        if number::decimal(v).is_some() {
+            clock.numeric_reset(v)
+        } else {
+            clock.rfc3339_reset(v)
         }
-        None => clock::until_rfc3339(now, value),
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::headers::test_support::{map, now};
-    use crate::headers::MAX_HINT_DELAY;
 
     fn kind_of(value: &[u8]) -> Option<LimitKind> {
         limit_kind(&map(&[("rate_limit_type", value)]))
@@ -172,16 +156,29 @@ mod tests {
                 b"2023-11-14T22:14:20.5+00:00",
                 Some(Duration::from_millis(60_500)),
             ),
-            (b"2023-11-14T22:00:00Z", s(0)),
+            // epoch seconds, epoch milliseconds, seconds from now
             (b"1700000060", s(60)),
             (b"1700000060.25", Some(Duration::from_millis(60_250))),
             (b"1700000060000", s(60)),
             (b"1700000000500", Some(Duration::from_millis(500))),
-            (b"1600000000", s(0)),
-            (b"99999999999", Some(MAX_HINT_DELAY)),
-            (b"100000000000", s(0)),
-            (b"99999999999999999999999999", Some(MAX_HINT_DELAY)),
+            (b"60", s(60)),
+            (b"0.5", Some(Duration::from_millis(500))),
             (b"0", s(0)),
+            // in the past, or implausibly far: no hint
+            (b"2023-11-14T22:00:00Z", None),
+            (b"2023-11-14T22:13:17Z", None),
+            (b"1699999997", None),
+            (b"1699999997000", None),
+            (b"1600000000", None),
+            (b"99999999999", None),
+            (b"100000000000", None),
+            (b"99999999999999999999999999", None),
+            (
+                b"2099-01-01T00:00:00Z",
+                Some(crate::headers::MAX_HINT_DELAY),
+            ),
+            (b"99999999", None),
+            // malformed
             (b"-1700000060", None),
             (b"1.7e9", None),
             (b"tomorrow", None),
@@ -191,10 +188,33 @@ mod tests {
         for (value, want) in cases {
             let h = map(&[("reset_at", value)]);
             assert_eq!(
-                reset_after(&h, now()),
+                reset_after(&h, &Clock::at(now())),
                 *want,
                 "{:?}",
                 String::from_utf8_lossy(value)
+            );
+        }
+    }
+
+    /// `reset_at` is read against the server's clock when `Date` shows a clear skew.
+    #[test]
+    fn reset_at_under_clock_skew() {
+        // (Date, reset_at on the server's clock 2 s after its Date)
+        let cases = [
+            ("Tue, 14 Nov 2023 22:13:23 GMT", "2023-11-14T22:13:25Z"), // server 3 s ahead
+            ("Tue, 14 Nov 2023 23:13:20 GMT", "2023-11-14T23:13:22Z"), // server 1 h ahead
+            ("Tue, 14 Nov 2023 22:13:17 GMT", "2023-11-14T22:13:19Z"), // server 3 s behind
+            ("Tue, 14 Nov 2023 21:13:20 GMT", "2023-11-14T21:13:22Z"), // server 1 h behind
+            ("Tue, 14 Nov 2023 23:13:20 GMT", "1700003602"),
+            ("Tue, 14 Nov 2023 21:13:20 GMT", "1699996402000"),
+        ];
+        for (date, reset) in cases {
+            let h = map(&[("date", date), ("reset_at", reset)]);
+            let clock = Clock::new(&h, now());
+            assert_eq!(
+                reset_after(&h, &clock),
+                Some(Duration::from_secs(2)),
+                "{date} {reset}"
             );
         }
     }

@@ -15,15 +15,15 @@
 //! | HTTP (RFC 9110 §10.2.3) | `Retry-After` | delay-seconds, or HTTP-date (IMF-fixdate, RFC 850, asctime); a decimal fraction is accepted | `12`, `1.5`, `Tue, 14 Nov 2023 22:13:50 GMT` |
 //! | OpenAI | `retry-after-ms` | decimal milliseconds | `250`, `12.5` |
 //! | LLM gateway | `rate_limit_type` | a limit name (see below) | `parallel_requests` |
-//! | LLM gateway | `reset_at` | RFC 3339, or Unix epoch seconds (< 10^11) or milliseconds (>= 10^11) | `2023-11-14T22:14:20Z`, `1700000060`, `1700000060000` |
+//! | LLM gateway | `reset_at` | RFC 3339, or a numeric reset (see below) | `2023-11-14T22:14:20Z`, `1700000060`, `1700000060000`, `60` |
 //! | OpenAI | `x-ratelimit-limit-{requests,tokens}` | count | `60` |
 //! | OpenAI | `x-ratelimit-remaining-{requests,tokens}` | count | `59` |
-//! | OpenAI | `x-ratelimit-reset-{requests,tokens}` | Go duration (bare number = seconds) | `1s`, `6m0s`, `20ms`, `500µs` |
+//! | OpenAI | `x-ratelimit-reset-{requests,tokens}` | Go duration, or a bare number read as a numeric reset (see below) | `1s`, `6m0s`, `20ms`, `500µs`, `17` |
 //! | Anthropic | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-limit` | count | `50` |
 //! | Anthropic | `anthropic-ratelimit-{...}-remaining` | count | `45` |
 //! | Anthropic | `anthropic-ratelimit-{...}-reset` | RFC 3339 | `2023-11-14T22:14:00Z` |
 //! | GitHub | `x-ratelimit-{limit,remaining,used}` | count | `5000` |
-//! | GitHub | `x-ratelimit-reset` | Unix epoch seconds (never a delay) | `1700000600` |
+//! | GitHub | `x-ratelimit-reset` | a numeric reset (see below) | `1700000600`, `1700000600000`, `600` |
 //! | IETF draft-11 | `RateLimit-Policy` | structured-field list: name with `q`, `w`, optional `qu` | `"default";q=100;w=60` |
 //! | IETF draft-11 | `RateLimit` | structured-field list: name with `r`, `t` | `"default";r=50;t=30` |
 //!
@@ -39,8 +39,28 @@
 //! * **Repeated lines.** A single-valued header sent on several lines is used only
 //!   if all lines agree; conflicting lines give `None`. The two IETF list headers
 //!   instead join all their lines with `", "` (RFC 9110 §5.3).
-//! * **Delays** are relative to `now`, never negative (an absolute time in the past
-//!   gives zero) and saturate at [`MAX_HINT_DELAY`]; nothing overflows.
+//! * **Delays** are relative to `now`, never negative and saturate at
+//!   [`MAX_HINT_DELAY`]; nothing overflows. A `Retry-After` date in the past gives
+//!   zero; resets follow the stricter rules below.
+//!
+//! # Reset times
+//!
+//! * **Numeric resets** (GitHub `x-ratelimit-reset`, a numeric `reset_at`, a bare
+//!   number in OpenAI `x-ratelimit-reset-*`) are read by size, one rule for all:
+//!   a value `>=` [`EPOCH_MILLIS_THRESHOLD`] (10^12) is Unix epoch milliseconds, a value
+//!   `>=` [`EPOCH_SECONDS_THRESHOLD`] (10^9) is Unix epoch seconds, anything smaller is
+//!   seconds from now. A decimal fraction is accepted.
+//! * **Implausible resets are no hint** (`None`): an absolute reset (epoch number,
+//!   RFC 3339) not after now, or a numeric reset further ahead than [`MAX_RESET_AHEAD`]
+//!   (366 days). So a stale or misread time never beats `Retry-After` and never
+//!   closes a cooldown. An RFC 3339 reset names its time without doubt: a far one
+//!   saturates at [`MAX_HINT_DELAY`] (a throttle returns it as too long a wait).
+//! * **Clock skew.** When the answer's `Date` header (RFC 9110 §6.6.1) differs from
+//!   `now` by more than [`MAX_UNNOTICED_SKEW`] (2 s; it has 1 s resolution), every
+//!   absolute time of that answer (epoch resets, RFC 3339 resets, `Retry-After`
+//!   HTTP-dates) is measured from the `Date` value instead of from `now`, i.e. corrected
+//!   by the skew. Relative values (delay-seconds, Go durations, IETF `t`) are not.
+//!   A `Date` alone is no hint; a malformed or repeated conflicting one is ignored.
 //! * **Rounding.** Fractional seconds in `Retry-After` and fractional milliseconds
 //!   in `retry-after-ms` are rounded UP to the next whole millisecond; Go durations
 //!   and epoch fractions are rounded UP to the next nanosecond. A hint never asks
@@ -96,7 +116,9 @@ mod sfv;
 #[cfg(test)]
 mod proptests;
 
-pub use gateway::EPOCH_MILLIS_THRESHOLD;
+pub use clock::{
+    EPOCH_MILLIS_THRESHOLD, EPOCH_SECONDS_THRESHOLD, MAX_RESET_AHEAD, MAX_UNNOTICED_SKEW,
+};
 pub use problem::{parse_error_body, ErrorBody, MAX_ERROR_BODY};
 
 /// The longest delay any hint may carry: 366 days. Larger values saturate here.
@@ -215,17 +237,18 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> Hints {
     if !headers.keys().any(|name| may_be_hint(name.as_str())) {
         return Hints::default();
     }
-    let anthropic = anthropic::read(headers, now);
+    let clock = clock::Clock::new(headers, now);
+    let anthropic = anthropic::read(headers, &clock);
     Hints {
-        retry_after: retry_after::read(headers, now),
+        retry_after: retry_after::read(headers, &clock),
         limit_kind: gateway::limit_kind(headers),
-        reset_after: gateway::reset_after(headers, now),
+        reset_after: gateway::reset_after(headers, &clock),
         requests: anthropic
             .requests
-            .or_else(|| openai::requests(headers))
+            .or_else(|| openai::requests(headers, &clock))
             .or_else(|| ietf::requests(headers))
-            .or_else(|| github::requests(headers, now)),
-        tokens: anthropic.tokens.or_else(|| openai::tokens(headers)),
+            .or_else(|| github::requests(headers, &clock)),
+        tokens: anthropic.tokens.or_else(|| openai::tokens(headers, &clock)),
         input_tokens: anthropic.input_tokens,
         output_tokens: anthropic.output_tokens,
         should_retry: should_retry(headers),
@@ -396,5 +419,36 @@ mod tests {
             allowance(None, None, Some(Duration::MAX)),
             Some(Allowance::new(None, None, Some(MAX_HINT_DELAY)))
         );
+    }
+
+    /// A window `429` whose `reset_at` is 3 s past by the client's clock: the stale time is
+    /// no hint, so `Retry-After` decides.
+    #[test]
+    fn stale_reset_at_leaves_retry_after() {
+        let h = map(&[
+            ("retry-after", "2"),
+            ("rate_limit_type", "requests_per_minute"),
+            ("reset_at", "2023-11-14T22:13:17Z"),
+        ]);
+        let got = parse(&h, now());
+        assert_eq!(got.reset_after, None);
+        assert_eq!(got.retry_after, Some(Duration::from_secs(2)));
+        // The same reset_at from a server whose clock is 5 s behind: 2 s ahead for it.
+        let mut skewed = h.clone();
+        skewed.insert(
+            http::header::DATE,
+            http::HeaderValue::from_static("Tue, 14 Nov 2023 22:13:15 GMT"),
+        );
+        assert_eq!(
+            parse(&skewed, now()).reset_after,
+            Some(Duration::from_secs(2))
+        );
+    }
+
+    /// A `Date` header alone is no hint.
+    #[test]
+    fn date_alone_is_no_hint() {
+        let h = map(&[("date", "Tue, 14 Nov 2023 23:13:20 GMT")]);
+        assert_eq!(parse(&h, now()), Hints::default());
     }
 }

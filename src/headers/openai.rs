@@ -2,16 +2,19 @@
 //!
 //! Limits and remainders are counts (`1*DIGIT`); resets are Go duration strings
 //! relative to the response (`6m0s`, `20ms`), read by [`super::duration`]. A bare
-//! number is seconds, a negative reset is unknown.
+//! number (no unit) is read by the numeric-reset rule of [`super::clock`]: epoch
+//! milliseconds, epoch seconds or seconds from now, by its size. A negative reset is
+//! unknown.
 
 use http::HeaderMap;
 
-use super::{allowance, duration, field, number, Allowance};
+use super::{allowance, clock::Clock, duration, field, number, Allowance};
 
 /// The request allowance (`x-ratelimit-*-requests`).
-pub(super) fn requests(headers: &HeaderMap) -> Option<Allowance> {
+pub(super) fn requests(headers: &HeaderMap, clock: &Clock) -> Option<Allowance> {
     family(
         headers,
+        clock,
         [
             "x-ratelimit-limit-requests",
             "x-ratelimit-remaining-requests",
@@ -21,9 +24,10 @@ pub(super) fn requests(headers: &HeaderMap) -> Option<Allowance> {
 }
 
 /// The token allowance (`x-ratelimit-*-tokens`).
-pub(super) fn tokens(headers: &HeaderMap) -> Option<Allowance> {
+pub(super) fn tokens(headers: &HeaderMap, clock: &Clock) -> Option<Allowance> {
     family(
         headers,
+        clock,
         [
             "x-ratelimit-limit-tokens",
             "x-ratelimit-remaining-tokens",
@@ -32,11 +36,22 @@ pub(super) fn tokens(headers: &HeaderMap) -> Option<Allowance> {
     )
 }
 
-fn family(headers: &HeaderMap, [limit, remaining, reset]: [&str; 3]) -> Option<Allowance> {
+fn family(
+    headers: &HeaderMap,
+    clock: &Clock,
+    [limit, remaining, reset]: [&str; 3],
+) -> Option<Allowance> {
+    let reset = field::single_utf8(headers, reset).and_then(|v| {
+        if number::decimal(v).is_some() {
+            clock.numeric_reset(v)
+        } else {
+            duration::parse(v)
+        }
+    });
     allowance(
         field::single(headers, limit).and_then(number::count),
         field::single(headers, remaining).and_then(number::count),
-        field::single_utf8(headers, reset).and_then(duration::parse),
+        reset,
     )
 }
 
@@ -45,7 +60,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::headers::test_support::{map, Pairs};
+    use crate::headers::test_support::{map, now, Pairs};
 
     fn a(limit: Option<u64>, remaining: Option<u64>, reset_ms: Option<u64>) -> Option<Allowance> {
         Some(Allowance::new(
@@ -74,10 +89,28 @@ mod tests {
                 &[("x-ratelimit-reset-requests", b"500\xc2\xb5s")],
                 Some(Allowance::new(None, None, Some(Duration::from_micros(500)))),
             ),
+            // a bare number: seconds from now, epoch seconds or epoch milliseconds
             (
                 &[("x-ratelimit-reset-requests", b"17")],
                 a(None, None, Some(17_000)),
             ),
+            (
+                &[("x-ratelimit-reset-requests", b"1.5")],
+                a(None, None, Some(1_500)),
+            ),
+            (
+                &[("x-ratelimit-reset-requests", b"1700000002")],
+                a(None, None, Some(2_000)),
+            ),
+            (
+                &[("x-ratelimit-reset-requests", b"1700000002000")],
+                a(None, None, Some(2_000)),
+            ),
+            // implausible bare numbers are no hint: in the past, or too far ahead
+            (&[("x-ratelimit-reset-requests", b"1699999997")], None),
+            (&[("x-ratelimit-reset-requests", b"1699999997000")], None),
+            (&[("x-ratelimit-reset-requests", b"1800000000")], None),
+            (&[("x-ratelimit-reset-requests", b"99999999")], None),
             // negative reset is unknown; the other fields still count
             (
                 &[
@@ -116,7 +149,7 @@ mod tests {
             (&[], None),
         ];
         for (pairs, want) in cases {
-            assert_eq!(requests(&map(pairs)), *want, "{pairs:?}");
+            assert_eq!(requests(&map(pairs), &Clock::at(now())), *want, "{pairs:?}");
         }
     }
 
@@ -139,7 +172,7 @@ mod tests {
             (&[("x-ratelimit-limit-requests", b"100")], None),
         ];
         for (pairs, want) in cases {
-            assert_eq!(tokens(&map(pairs)), *want, "{pairs:?}");
+            assert_eq!(tokens(&map(pairs), &Clock::at(now())), *want, "{pairs:?}");
         }
     }
 }

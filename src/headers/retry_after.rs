@@ -2,7 +2,8 @@
 //!
 //! * `Retry-After` is delay-seconds (`1*DIGIT`) or an HTTP-date in any of the three
 //!   forms RFC 9110 §5.6.7 requires recipients to accept (IMF-fixdate, RFC 850,
-//!   asctime; parsed by [`httpdate`]). A date not after `now` means zero.
+//!   asctime; parsed by [`httpdate`]). A date not after `now` means zero; a date is
+//!   read against the server's clock when `Date` shows a skew (see [`super::clock`]).
 //!   As an extension, a decimal fraction such as `1.5` is accepted and rounded UP to
 //!   the next whole millisecond, so a hint never asks for less than the server said.
 //!   Signs, exponents, words and empty values are rejected; values beyond
@@ -11,17 +12,17 @@
 //!   decimal grammar, also rounded UP to a whole millisecond. When it is valid it
 //!   wins over `Retry-After`, being the more precise of the two.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::HeaderMap;
 
-use super::{clock, field, number};
+use super::{clock::Clock, field, number};
 
 /// The wait the server asked for, from `retry-after-ms` or else `Retry-After`.
-pub(super) fn read(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+pub(super) fn read(headers: &HeaderMap, clock: &Clock) -> Option<Duration> {
     field::single(headers, "retry-after-ms")
         .and_then(milliseconds)
-        .or_else(|| field::single(headers, "retry-after").and_then(|v| retry_after(v, now)))
+        .or_else(|| field::single(headers, "retry-after").and_then(|v| retry_after(v, clock)))
 }
 
 /// One `retry-after-ms` value.
@@ -34,7 +35,7 @@ fn milliseconds(value: &str) -> Option<Duration> {
 }
 
 /// One `Retry-After` value.
-fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+fn retry_after(value: &str, clock: &Clock) -> Option<Duration> {
     if let Some((int, frac)) = number::decimal(value) {
         return Some(number::delay(
             number::nanos(int, frac, number::SECONDS),
@@ -42,7 +43,7 @@ fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
         ));
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    Some(clock::until(now, at))
+    Some(clock.until(at))
 }
 
 #[cfg(test)]
@@ -96,7 +97,7 @@ mod tests {
         for (value, want) in cases {
             let h = map(&[("retry-after", value)]);
             assert_eq!(
-                read(&h, now()),
+                read(&h, &Clock::at(now())),
                 *want,
                 "{:?}",
                 String::from_utf8_lossy(value)
@@ -139,7 +140,36 @@ mod tests {
             (&[], None),
         ];
         for (pairs, want) in cases {
-            assert_eq!(read(&map(pairs), now()), *want, "{pairs:?}");
+            assert_eq!(read(&map(pairs), &Clock::at(now())), *want, "{pairs:?}");
+        }
+    }
+
+    /// An HTTP-date is read against the server's clock when `Date` shows a clear skew;
+    /// delay-seconds are relative and never corrected.
+    #[test]
+    fn dates_under_clock_skew() {
+        let cases = [
+            (
+                "Tue, 14 Nov 2023 23:13:20 GMT",
+                "Tue, 14 Nov 2023 23:13:50 GMT",
+                30,
+            ),
+            (
+                "Tue, 14 Nov 2023 21:13:20 GMT",
+                "Tue, 14 Nov 2023 21:13:50 GMT",
+                30,
+            ),
+            (
+                "Tue, 14 Nov 2023 22:13:21 GMT",
+                "Tue, 14 Nov 2023 22:13:50 GMT",
+                30,
+            ),
+            ("Tue, 14 Nov 2023 23:13:20 GMT", "30", 30),
+        ];
+        for (date, value, want) in cases {
+            let h = map(&[("date", date), ("retry-after", value)]);
+            let got = read(&h, &Clock::new(&h, now()));
+            assert_eq!(got, secs(want), "{date} {value}");
         }
     }
 }
