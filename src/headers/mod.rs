@@ -91,7 +91,6 @@ mod number;
 mod openai;
 mod problem;
 mod retry_after;
-mod sfv;
 
 #[cfg(test)]
 mod proptests;
