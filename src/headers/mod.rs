@@ -111,7 +111,6 @@ mod number;
 mod openai;
 mod problem;
 mod retry_after;
-mod sfv;
 
 #[cfg(test)]
 mod proptests;
