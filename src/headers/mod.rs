@@ -156,6 +156,20 @@ pub struct Hints {
     pub should_retry: Option<bool>,
 }
 
+impl Hints {
+    /// Every allowance the answer reported: requests, tokens, input tokens, output tokens.
+    pub fn allowances(&self) -> impl Iterator<Item = Allowance> {
+        [
+            self.requests,
+            self.tokens,
+            self.input_tokens,
+            self.output_tokens,
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
 /// One allowance reported by a server: a limit, what remains of it, and when it resets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -84,15 +84,7 @@ fn check(hints: &Hints) -> Result<(), TestCaseError> {
     for delay in delays(hints) {
         prop_assert!(delay <= MAX_HINT_DELAY, "delay {delay:?} above the cap");
     }
-    for a in [
-        hints.requests,
-        hints.tokens,
-        hints.input_tokens,
-        hints.output_tokens,
-    ]
-    .into_iter()
-    .flatten()
-    {
+    for a in hints.allowances() {
         if let (Some(limit), Some(remaining)) = (a.limit, a.remaining) {
             prop_assert!(remaining <= limit, "{a:?}");
         }

@@ -453,17 +453,11 @@ pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) ->
         None
     };
     // Any allowance used up (requests, or tokens: the next request would be refused too).
-    let exhausted = [
-        hints.requests,
-        hints.tokens,
-        hints.input_tokens,
-        hints.output_tokens,
-    ]
-    .into_iter()
-    .flatten()
-    .filter(|a| a.remaining == Some(0))
-    .filter_map(|a| a.reset_after)
-    .max();
+    let exhausted = hints
+        .allowances()
+        .filter(|a| a.remaining == Some(0))
+        .filter_map(|a| a.reset_after)
+        .max();
     refused.max(exhausted).filter(|&d| d <= max_wait)
 }
 
