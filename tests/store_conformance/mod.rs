@@ -10,15 +10,7 @@
 //! store_conformance!(reqwest_throttle::store::MemoryStore);
 //! ```
 //!
-//! The store expression is evaluated inside each test's async body (it may `.await`). Checks a
-//! store is known to fail are listed after it, each with its reason, and are marked
-//! `#[ignore = reason]` for that store only:
-//!
-//! ```ignore
-//! store_conformance!(MyStore::new(), ignore {
-//!     admit_future_dropped_unpolled_charges_nothing: "store bug: ...",
-//! });
-//! ```
+//! The store expression is evaluated inside each test's async body (it may `.await`).
 //!
 //! Time is tokio time, paused: every expectation is exact. Each check opens its scopes under
 //! fresh random [`ScopeId`]s, so a shared store may run checks in parallel.
@@ -43,34 +35,10 @@ use tokio::time::{advance, Instant};
 // The macro.
 
 /// One test per conformance check for the store `$make` (an expression evaluated in each
-/// test's async body), optionally with checks this store is known to fail:
-/// `store_conformance!(expr, ignore { check_name: "reason", ... })`.
+/// test's async body).
 #[macro_export]
 macro_rules! store_conformance {
-    ($make:expr $(, ignore { $($bug:ident : $reason:literal),* $(,)? })? $(,)?) => {
-        $crate::store_conformance!(@expand ($) $make; $($($bug : $reason),*)?);
-    };
-    // `$d` is a `$` token, so that the helper macro below can have metavariables of its own.
-    (@expand ($d:tt) $make:expr; $($bug:ident : $reason:literal),*) => {
-        // A misspelled check name in `ignore { .. }` is an error, not a silent no-op.
-        $(
-            #[allow(unused_imports)]
-            use $crate::store_conformance::$bug as _;
-        )*
-        // Emits a test, with `#[ignore = reason]` when its check is listed.
-        macro_rules! __store_conformance_case {
-            $(
-                ($bug; #[$d attr:meta] $d($d item:tt)*) => {
-                    #[$d attr]
-                    #[ignore = $reason]
-                    $d($d item)*
-                };
-            )*
-            ($d other:ident; #[$d attr:meta] $d($d item:tt)*) => {
-                #[$d attr]
-                $d($d item)*
-            };
-        }
+    ($make:expr $(,)?) => {
         $crate::store_conformance!(@async $make;
             sliding_window_admits_its_limit_then_waits_for_the_oldest_send,
             sliding_window_sends_leave_oldest_first,
@@ -104,22 +72,18 @@ macro_rules! store_conformance {
     };
     (@async $make:expr; $($check:ident),* $(,)?) => {
         $(
-            __store_conformance_case! { $check;
-                #[tokio::test(start_paused = true)]
-                async fn $check() {
-                    let store = $make;
-                    $crate::store_conformance::$check(&store).await;
-                }
+            #[tokio::test(start_paused = true)]
+            async fn $check() {
+                let store = $make;
+                $crate::store_conformance::$check(&store).await;
             }
         )*
     };
     (@prop $make:expr; $($check:ident),* $(,)?) => {
         $(
-            __store_conformance_case! { $check;
-                #[test]
-                fn $check() {
-                    $crate::store_conformance::$check(|| async { $make });
-                }
+            #[test]
+            fn $check() {
+                $crate::store_conformance::$check(|| async { $make });
             }
         )*
     };
