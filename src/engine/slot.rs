@@ -11,7 +11,7 @@ use super::queue::{Blocked, Cause, Place, WaitQueue};
 use super::Refused;
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
-use crate::store::{Admission, LeaseId, Limits, QuotaName, ScopeId, Store};
+use crate::store::{Admission, LeaseId, Limits, ScopeId, Store};
 use crate::sync::lock;
 
 /// Counters of one scope, or of the whole throttle.
@@ -48,8 +48,6 @@ pub(crate) struct Slot<S: Store> {
     /// The largest cost every quota can admit now (`u32::MAX`: no quota), checked before a
     /// caller queues: a cost above it fails at once.
     capacity: AtomicU32,
-    /// The quota of that capacity, named in the error (read only when a cost exceeds it).
-    smallest: Mutex<Option<QuotaName>>,
     /// Nanoseconds from `origin` to the last lookup, for idle eviction.
     last_used: AtomicU64,
     origin: Instant,
@@ -76,7 +74,6 @@ impl<S: Store> SlotConfig<S> {
             total: self.total.clone(),
             max_in_flight: AtomicUsize::new(self.limits.max_in_flight.unwrap_or(usize::MAX)),
             capacity: AtomicU32::new(self.limits.capacity().unwrap_or(u32::MAX)),
-            smallest: Mutex::new(self.limits.smallest_quota()),
             last_used: AtomicU64::new(0),
             origin: self.origin,
         };
@@ -206,7 +203,6 @@ impl<S: Store> Slot<S> {
         self.max_in_flight.store(cap, Ordering::Relaxed);
         let capacity = limits.capacity().unwrap_or(u32::MAX);
         self.capacity.store(capacity, Ordering::Relaxed);
-        *lock(&self.smallest) = limits.smallest_quota();
         lock(&self.queue).limits_changed(Instant::now());
         Ok(())
     }
@@ -233,21 +229,12 @@ impl<S: Store> Slot<S> {
         deadline: Option<Instant>,
         waits: &mut Waits,
     ) -> Result<Lease, Refused> {
-        let capacity = self.capacity.load(Ordering::Relaxed);
-        if cost > capacity {
-            let smallest = *lock(&self.smallest);
-            if let Some(quota) = smallest.filter(|q| cost > q.capacity()) {
-                let capacity = quota.capacity();
-                let error = ThrottleError::CostExceedsQuota {
-                    cost,
-                    capacity,
-                    quota,
-                };
-                return Err(Refused::Cost(error));
+        // A cost no quota can ever admit fails before queueing: the store refuses it and names
+        // the quota (or admits it, if the limits grew meanwhile).
+        if cost > self.capacity.load(Ordering::Relaxed) {
+            if let Ok(lease) = self.try_once(cost, deadline).await? {
+                return Ok(lease);
             }
-        }
-        if deadline.is_some_and(|d| d <= Instant::now()) {
-            return Err(Refused::Deadline { would_wait: None });
         }
         let mut clock = WaitClock::new(waits);
         let admission = self.admit_inner(cost, priority, deadline, &mut clock);
@@ -278,29 +265,16 @@ impl<S: Store> Slot<S> {
             // on one.
             (ahead, cost == 0 && queue.head_waits_on_quota())
         };
-        match ahead {
-            // Nobody waiting: try at once, without a place in the queue.
-            None => {
-                if let Ok(lease) = self.try_once(cost, deadline).await? {
-                    return Ok(lease);
-                }
+        if ahead.is_none() || past_the_head {
+            // Nobody waiting (or only a head whose quota does not concern cost 0): try at
+            // once, without a place in the queue.
+            if let Ok(lease) = self.try_once(cost, deadline).await? {
+                return Ok(lease);
             }
-            Some(_) if past_the_head => {
-                if let Ok(lease) = self.try_once(cost, deadline).await? {
-                    return Ok(lease);
-                }
-            }
+        } else if let Some(Blocked::Cooldown(d) | Blocked::Quota(d)) = ahead {
             // Nothing of this cost goes before the head's cooldown or quota opens: a deadline
             // before that is told at once.
-            Some(Blocked::Cooldown(d) | Blocked::Quota(d)) => {
-                let ready = crate::clock::instant_after(Instant::now(), d);
-                if deadline.is_some_and(|dl| ready >= dl) {
-                    return Err(Refused::Deadline {
-                        would_wait: Some(d),
-                    });
-                }
-            }
-            Some(Blocked::Queue | Blocked::InFlight) => {}
+            ready_by(Instant::now(), d, deadline)?;
         }
         // Queued, then tried again as the head: a slot released between the try above and
         // the queueing woke nobody, and must not be missed.
@@ -322,12 +296,7 @@ impl<S: Store> Slot<S> {
             clock.now_waiting(blocked.cause());
             match blocked {
                 Blocked::Cooldown(d) | Blocked::Quota(d) => {
-                    let ready = crate::clock::instant_after(now, d);
-                    if deadline.is_some_and(|dl| ready >= dl) {
-                        return Err(Refused::Deadline {
-                            would_wait: Some(d),
-                        });
-                    }
+                    let ready = ready_by(now, d, deadline)?;
                     // Woken too when another waiter reaches the aging bound: it may be the
                     // head then, and goes if its cost fits sooner.
                     let until = next_aging.map_or(ready, |aged| aged.min(ready));
@@ -384,6 +353,18 @@ impl<S: Store> Slot<S> {
             }
         })
     }
+}
+
+/// The instant `d` after `now`, or [`Refused::Deadline`] if it is not before `deadline`: a
+/// request admitted at its deadline could not be sent by it.
+fn ready_by(now: Instant, d: Duration, deadline: Option<Instant>) -> Result<Instant, Refused> {
+    let ready = crate::clock::instant_after(now, d);
+    if deadline.is_some_and(|dl| ready >= dl) {
+        return Err(Refused::Deadline {
+            would_wait: Some(d),
+        });
+    }
+    Ok(ready)
 }
 
 /// Adds the time between its marks to a [`Waits`], to the cause in force. Reads the clock
