@@ -13,6 +13,7 @@ use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
 use crate::body::{has_error_body_to_read, hold_until_body_ends, read_error_body};
+use crate::clock::instant_after;
 use crate::engine::{count, Lease, Refused, Slot};
 use crate::error::{ThrottleError, TransportError};
 use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
@@ -102,12 +103,6 @@ impl Inner {
                 Ok(lease) => lease,
                 Err(end) => return end,
             };
-            // Admitted at the deadline: nothing can be sent by it (the admission refuses that
-            // itself; this is the instant between the two).
-            if call.deadline.is_some_and(|d| d <= Instant::now()) {
-                drop(lease);
-                return call.deadline_reached(0, None, None);
-            }
             let result = match send(next.clone(), req, extensions, call.deadline).await {
                 Ok(result) => result,
                 Err(DeadlinePassed) => return call.deadline_reached(1, None, None),
@@ -134,8 +129,7 @@ impl<'a> Call<'a> {
         let deadline = extensions
             .get::<Deadline>()
             .map(|d| d.0)
-            // A deadline too far to represent is no deadline.
-            .or_else(|| throttle.deadline.and_then(|d| started.checked_add(d)));
+            .or_else(|| throttle.deadline.map(|d| instant_after(started, d)));
         if let Some(name) = &throttle.key_header {
             ensure_idempotency_key(req, name);
         }
