@@ -262,17 +262,7 @@ async fn x_should_retry_false_makes_an_answer_final() {
 
 #[tokio::test(start_paused = true)]
 async fn x_should_retry_true_lets_a_post_be_sent_again() {
-    let server = FakeServer::new(|i, _| match i {
-        0 => json(503, &[("x-should-retry", "true")], "{}"),
-        _ => status(200),
-    });
-    let r = server
-        .client(&throttle())
-        .post(URL)
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let (r, _) = post_once_then_ok(|| json(503, &[("x-should-retry", "true")], "{}")).await;
     assert_eq!((r.status().as_u16(), info(&r).attempts), (200, 2));
 }
 
