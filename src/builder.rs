@@ -10,7 +10,7 @@ use crate::clock::FAR_FUTURE;
 use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
 use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
-use crate::store::{Limits, MemoryStore, WindowQuota, MAX_TOKEN_BUCKETS};
+use crate::store::{Backend, Limits, WindowQuota, MAX_TOKEN_BUCKETS};
 use crate::throttle::{Settings, Throttle};
 
 /// Default number of retries after the first attempt.
@@ -66,6 +66,7 @@ pub struct ThrottleBuilder {
     deadline: Option<Duration>,
     budget: Option<RetryBudget>,
     scope: Scope,
+    store: Backend,
     max_scopes: usize,
     scope_idle_ttl: Duration,
     priority_aging: Duration,
@@ -87,6 +88,7 @@ impl Default for ThrottleBuilder {
             deadline: None,
             budget: Some(RetryBudget::default()),
             scope: Scope::default(),
+            store: Backend::default(),
             max_scopes: DEFAULT_MAX_SCOPES,
             scope_idle_ttl: DEFAULT_SCOPE_IDLE_TTL,
             priority_aging: DEFAULT_PRIORITY_AGING,
@@ -254,6 +256,17 @@ impl ThrottleBuilder {
         self
     }
 
+    /// Where each scope's state is counted: [`MemoryStore`] (this process alone) or, with the
+    /// feature `redis`, a [`RedisStore`](crate::store::RedisStore) shared by every process
+    /// of a fleet, so that together they keep one quota.
+    ///
+    /// # Default
+    /// [`MemoryStore`](crate::store::MemoryStore).
+    pub fn store(mut self, store: impl Into<Backend>) -> Self {
+        self.store = store.into();
+        self
+    }
+
     /// What the limits apply to: each [`Scope`] (by default each authority: scheme, host and
     /// port) has its own quotas, in-flight cap, cooldown and hints, so a `429` from one API
     /// never slows requests to another. [`Scope::global`] applies them to everything.
@@ -378,7 +391,7 @@ impl ThrottleBuilder {
             max_server_wait: self.max_server_wait,
         };
         let engine = EngineConfig {
-            store: MemoryStore,
+            store: self.store,
             scope: self.scope,
             limits,
             aging: self.priority_aging,

@@ -205,9 +205,10 @@ pub enum ThrottleError {
         #[source]
         last_error: TransportError,
     },
-    /// The rate-limit store could not answer, so the request was not sent.
+    /// The rate-limit store could not answer, so the request was not sent: a shared store
+    /// unreachable under [`OnUnavailable::FailClosed`](crate::store::OnUnavailable), say.
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    StoreUnavailable(#[from] crate::store::StoreError),
 }
 
 /// "1 attempt", "2 attempts".

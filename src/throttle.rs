@@ -16,7 +16,7 @@ use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused, Slot};
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
 use crate::policy::{BudgetLedger, RetryBudget, RetryPolicy};
-use crate::store::MemoryStore;
+use crate::store::Backend;
 
 /// A rate limiter for one API client, as `reqwest-middleware` middleware.
 ///
@@ -28,8 +28,8 @@ pub struct Throttle {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// The store every throttle uses today.
-pub(crate) type DefaultStore = MemoryStore;
+/// The store of every throttle: memory, or a shared store.
+pub(crate) type DefaultStore = Backend;
 
 pub(crate) struct Inner {
     pub(crate) engine: Engine<DefaultStore>,
@@ -80,6 +80,8 @@ pub struct Stats {
     /// Keyed scopes alive now (the unkeyed scope, used by [`Scope::global`](crate::Scope::global)
     /// and [`Throttle::acquire`], and the overflow scope not counted).
     pub scopes: usize,
+    /// Calls to a shared store (Redis) that failed or timed out; 0 for the in-memory store.
+    pub store_errors: u64,
 }
 
 /// A snapshot of one scope's counters, from [`Throttle::scope_stats`].
@@ -166,6 +168,7 @@ impl Throttle {
             budget_exhausted,
             available_permits,
             scopes: engine.keyed_scopes(),
+            store_errors: engine.store().errors(),
         }
     }
 

@@ -46,7 +46,7 @@ impl Refused {
                 would_wait,
                 last_error: None,
             },
-            Refused::Store(e) => ThrottleError::Store(e),
+            Refused::Store(e) => ThrottleError::StoreUnavailable(e),
         }
     }
 }
@@ -107,6 +107,11 @@ impl<S: Store> Engine<S> {
     /// The in-flight cap a new scope starts with, or `None` without one.
     pub(crate) fn max_in_flight(&self) -> Option<usize> {
         self.registry.limits().max_in_flight
+    }
+
+    /// The store.
+    pub(crate) fn store(&self) -> &S {
+        self.registry.store()
     }
 
     /// The number of live keyed scopes.

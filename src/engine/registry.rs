@@ -81,7 +81,7 @@ impl<S: Store> Registry<S> {
         let now = Instant::now();
         Self {
             global: scope.is_global(),
-            resolver: Resolver::new(scope),
+            resolver: Resolver::new(scope, config.store.scope_hash_key()),
             config,
             bounds,
             unkeyed: OnceLock::new(),
@@ -95,6 +95,10 @@ impl<S: Store> Registry<S> {
     }
 
     /// The unkeyed scope.
+    pub(crate) fn store(&self) -> &S {
+        &self.config.store
+    }
+
     pub(crate) fn unkeyed(&self) -> &Arc<Slot<S>> {
         self.unkeyed.get_or_init(|| {
             let key = Key::Unkeyed;

@@ -1,7 +1,7 @@
 //! [`Scope`]: what a server counts a request against, and how a request finds its scope.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue};
@@ -134,23 +134,33 @@ impl Key<'_> {
         }
     }
 
+    /// Feeds the key to `h` in an encoding of its own (a tag byte, then each part as its
+    /// length in 8 little-endian bytes and its bytes), so that the id is the same on every
+    /// machine and Rust version: a shared store's processes name a scope alike.
     fn feed(&self, h: &mut impl Hasher) {
+        fn part(h: &mut impl Hasher, bytes: &[u8]) {
+            h.write(&(bytes.len() as u64).to_le_bytes());
+            h.write(bytes);
+        }
         match self {
-            Key::Unkeyed => 0u8.hash(h),
+            Key::Unkeyed => h.write(&[0]),
             Key::Authority { scheme, host, port } => {
-                1u8.hash(h);
-                scheme.hash(h);
-                host.hash(h);
-                port.hash(h);
+                h.write(&[1]);
+                part(h, scheme.as_bytes());
+                part(h, host.as_bytes());
+                part(h, &port.to_le_bytes());
             }
             Key::Header { name, value } => {
-                2u8.hash(h);
-                name.as_str().hash(h);
-                value.map(HeaderValue::as_bytes).hash(h);
+                h.write(&[2]);
+                part(h, name.as_str().as_bytes());
+                match value {
+                    Some(v) => part(h, v.as_bytes()),
+                    None => h.write(&[0xff]),
+                }
             }
             Key::Custom(key) => {
-                3u8.hash(h);
-                key.hash(h);
+                h.write(&[3]);
+                part(h, key.as_bytes());
             }
         }
     }
@@ -160,15 +170,17 @@ impl Key<'_> {
 /// authority and header scopes.
 pub(crate) struct Resolver {
     by: By,
-    /// Two independently keyed SipHash states: 128 bits of id.
-    hashers: [std::collections::hash_map::RandomState; 2],
+    /// The key of the 128-bit SipHash-1-3 that makes ids.
+    hash_key: [u64; 2],
 }
 
 impl Resolver {
-    pub(crate) fn new(scope: Scope) -> Self {
+    /// A resolver hashing under `hash_key` (a shared store's, so that every process names a
+    /// scope alike), or under a fresh random key.
+    pub(crate) fn new(scope: Scope, hash_key: Option<[u64; 2]>) -> Self {
         Self {
             by: scope.by,
-            hashers: Default::default(),
+            hash_key: hash_key.unwrap_or_else(rand::random),
         }
     }
 
@@ -194,12 +206,11 @@ impl Resolver {
 
     /// The id of scope `key`.
     pub(crate) fn id(&self, key: &Key<'_>) -> ScopeId {
-        let [a, b] = self.hashers.each_ref().map(|s| {
-            let mut h = s.build_hasher();
-            key.feed(&mut h);
-            h.finish()
-        });
-        ScopeId::from_u128((u128::from(a) << 64) | u128::from(b))
+        let [k0, k1] = self.hash_key;
+        use siphasher::sip128::Hasher128;
+        let mut h = siphasher::sip128::SipHasher13::new_with_keys(k0, k1);
+        key.feed(&mut h);
+        ScopeId::from_u128(h.finish128().as_u128())
     }
 }
 
@@ -235,7 +246,7 @@ mod tests {
 
     #[test]
     fn authority_is_scheme_host_and_port() {
-        let r = Resolver::new(Scope::per_authority());
+        let r = Resolver::new(Scope::per_authority(), None);
         let id = |url| r.id(&r.key(&get(url)));
         assert_eq!(id("http://a.test/x"), id("http://a.test:80/y?q=1"));
         assert_ne!(id("http://a.test/"), id("https://a.test/"));
@@ -248,7 +259,7 @@ mod tests {
 
     #[test]
     fn header_scopes_hash_the_value_and_never_show_it() {
-        let r = Resolver::new(Scope::per_header(http::header::AUTHORIZATION));
+        let r = Resolver::new(Scope::per_header(http::header::AUTHORIZATION), None);
         let secret = "Bearer sk-very-secret";
         let a = with_header("http://a.test/", "authorization", secret);
         let b = with_header("http://b.test/", "authorization", secret);
@@ -268,14 +279,15 @@ mod tests {
 
     #[test]
     fn global_and_custom_scopes() {
-        let g = Resolver::new(Scope::global());
+        let g = Resolver::new(Scope::global(), None);
         assert_eq!(
             g.id(&g.key(&get("http://a.test/"))),
             g.id(&g.key(&get("http://b.test/")))
         );
-        let c = Resolver::new(Scope::from_fn(|req| {
-            req.url().path_segments()?.next().map(str::to_owned)
-        }));
+        let c = Resolver::new(
+            Scope::from_fn(|req| req.url().path_segments()?.next().map(str::to_owned)),
+            None,
+        );
         let (x, y) = (
             get("http://a.test/tenant1/a"),
             get("http://b.test/tenant1/b"),
@@ -288,10 +300,26 @@ mod tests {
     #[test]
     fn ids_differ_between_throttles() {
         let (r1, r2) = (
-            Resolver::new(Scope::per_authority()),
-            Resolver::new(Scope::per_authority()),
+            Resolver::new(Scope::per_authority(), None),
+            Resolver::new(Scope::per_authority(), None),
         );
         let req = get("http://a.test/");
         assert_ne!(r1.id(&r1.key(&req)), r2.id(&r2.key(&req)));
     }
+
+    #[test]
+    fn ids_under_one_hash_key_agree_and_are_stable() {
+        let key = Some([7, 11]);
+        let (r1, r2) = (
+            Resolver::new(Scope::per_authority(), key),
+            Resolver::new(Scope::per_authority(), key),
+        );
+        let req = get("http://a.test/");
+        let id = r1.id(&r1.key(&req));
+        assert_eq!(id, r2.id(&r2.key(&req)));
+        // The encoding is the crate's own: this value holds on every machine and Rust
+        // version, so processes of a fleet built apart still name the scope alike.
+        assert_eq!(format!("{:032x}", id.as_u128()), STABLE_ID);
+    }
+    const STABLE_ID: &str = "2ca1022470b6db1441468ad5123a9f62";
 }

@@ -310,6 +310,7 @@ impl<S: Store> Slot<S> {
                         tokio::select! {
                             () = tokio::time::sleep(poll) => {}
                             () = ticket.woken() => {}
+                            () = self.store.released_elsewhere(&self.state) => {}
                         }
                     }
                     None => ticket.woken().await,

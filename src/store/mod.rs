@@ -9,8 +9,11 @@
 //! Answers are durations ("not before 250 ms from now"), never local instants, so that a store
 //! with a clock of its own (a database server's) fits.
 
+mod any;
 mod memory;
 mod quotas;
+#[cfg(feature = "redis")]
+mod redis;
 mod sliding_window;
 mod token_bucket;
 
@@ -18,7 +21,10 @@ use std::future::Future;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+pub use any::{Backend, BackendScope};
 pub use memory::{MemoryScope, MemoryStore};
+#[cfg(feature = "redis")]
+pub use redis::{OnUnavailable, RedisScope, RedisStore, RedisStoreBuilder};
 
 /// The most token buckets one scope may have.
 pub(crate) use quotas::MAX_TOKEN_BUCKETS;
@@ -285,6 +291,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// How often a waiter for an in-flight slot should try again when no release is seen
     /// locally (leases held by other processes); `None` when every release is seen locally.
     fn in_flight_poll(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Completes when a lease of `scope` may have been released by another process, so that
+    /// a waiter for an in-flight slot tries again at once (releases in this process wake it
+    /// anyway). The default never completes: every release is seen locally.
+    ///
+    /// # Cancel safety
+    /// Dropping the future loses nothing: the waiter makes a new one before it waits again.
+    fn released_elsewhere(&self, scope: &Self::Scope) -> impl Future<Output = ()> + Send {
+        let _ = scope;
+        std::future::pending()
+    }
+
+    /// The key of the 128-bit SipHash that turns a scope's key into its [`ScopeId`], when
+    /// every process using this store must name a scope alike (a shared store); `None`
+    /// (the default): a fresh random key per throttle, so ids say nothing across processes.
+    fn scope_hash_key(&self) -> Option<[u64; 2]> {
         None
     }
 }

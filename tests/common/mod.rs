@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::sync::{Arc, Mutex};
 
 use http::Extensions;

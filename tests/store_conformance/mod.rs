@@ -10,7 +10,9 @@
 //! store_conformance!(reqwest_throttle::store::MemoryStore);
 //! ```
 //!
-//! The store expression is evaluated inside each test's async body (it may `.await`).
+//! The store expression is evaluated inside each test's async body (it may `.await`). A
+//! store that needs a server gives `ready = expr` too: a test whose `expr` is false returns
+//! at once (skipped): `store_conformance!(make_store(), ready = server_is_up());`.
 //!
 //! Time is tokio time, paused: every expectation is exact. Each check opens its scopes under
 //! fresh random [`ScopeId`]s, so a shared store may run checks in parallel.
@@ -39,7 +41,10 @@ use tokio::time::{advance, Instant};
 #[macro_export]
 macro_rules! store_conformance {
     ($make:expr $(,)?) => {
-        $crate::store_conformance!(@async $make;
+        $crate::store_conformance!($make, ready = true);
+    };
+    ($make:expr, ready = $ready:expr $(,)?) => {
+        $crate::store_conformance!(@async $make, $ready;
             sliding_window_admits_its_limit_then_waits_for_the_oldest_send,
             sliding_window_sends_leave_oldest_first,
             token_bucket_admits_its_burst_then_one_per_interval,
@@ -64,25 +69,31 @@ macro_rules! store_conformance {
             scopes_are_independent,
             admit_future_dropped_unpolled_charges_nothing,
         );
-        $crate::store_conformance!(@prop $make;
+        $crate::store_conformance!(@prop $make, $ready;
             prop_in_flight_cap_resized_window_fixed,
             prop_window_limit_and_in_flight_cap_resized,
             prop_admit_futures_dropped_unpolled,
         );
     };
-    (@async $make:expr; $($check:ident),* $(,)?) => {
+    (@async $make:expr, $ready:expr; $($check:ident),* $(,)?) => {
         $(
             #[tokio::test(start_paused = true)]
             async fn $check() {
+                if !$ready {
+                    return;
+                }
                 let store = $make;
                 $crate::store_conformance::$check(&store).await;
             }
         )*
     };
-    (@prop $make:expr; $($check:ident),* $(,)?) => {
+    (@prop $make:expr, $ready:expr; $($check:ident),* $(,)?) => {
         $(
             #[test]
             fn $check() {
+                if !$ready {
+                    return;
+                }
                 $crate::store_conformance::$check(|| async { $make });
             }
         )*

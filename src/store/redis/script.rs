@@ -1,0 +1,132 @@
+//! The Lua scripts of the Redis store and the arguments each takes: one script per admission
+//! attempt, run atomically by Redis (EVALSHA, reloaded on NOSCRIPT by `redis::Script`).
+
+use std::time::Duration;
+
+use redis::{Script, ScriptInvocation};
+
+use crate::store::Limits;
+
+/// The scripts, hashed once per store.
+#[derive(Debug)]
+pub(super) struct Scripts {
+    pub(super) admit: Script,
+    pub(super) cooldown: Script,
+    pub(super) leases: Script,
+    pub(super) empty: Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        Self {
+            admit: Script::new(include_str!("admit.lua")),
+            cooldown: Script::new(include_str!("cooldown.lua")),
+            leases: Script::new(include_str!("leases.lua")),
+            empty: Script::new(include_str!("empty.lua")),
+        }
+    }
+}
+
+/// Microseconds in `d`, at most [`FAR_FUTURE`](crate::clock::FAR_FUTURE) (Lua counts in
+/// doubles: exact up to 2⁵³ µs, about 285 years).
+pub(super) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.min(crate::clock::FAR_FUTURE).as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A token bucket's GCRA parameters in microseconds: the emission interval `t` and the
+/// tolerance `tau = t × (burst − 1)`, as `governor` computes them.
+pub(super) fn gcra(quota: &governor::Quota) -> (u64, u64) {
+    let t = micros(quota.replenish_interval()).max(1);
+    (t, t * u64::from(quota.burst_size().get() - 1))
+}
+
+/// The key names of one scope: every key in one cluster hash slot (the `{…}` tag), named by
+/// the scope's hashed id, never by its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Keys {
+    pub(super) cooldown: String,
+    pub(super) leases: String,
+    pub(super) windows: Vec<String>,
+    pub(super) buckets: Vec<String>,
+    prefix: String,
+}
+
+impl Keys {
+    pub(super) fn new(namespace: &str, id_hex: &str, limits: &Limits) -> Self {
+        let prefix = format!("{namespace}:{{{id_hex}}}");
+        let mut keys = Self {
+            cooldown: format!("{prefix}:cooldown"),
+            leases: format!("{prefix}:leases"),
+            windows: Vec::new(),
+            buckets: Vec::new(),
+            prefix,
+        };
+        keys.resize(limits);
+        keys
+    }
+
+    /// The keys for `limits`: one per window (by position) and one per bucket (by position
+    /// and settings, so a bucket whose quota changes starts on a key of its own).
+    pub(super) fn resize(&mut self, limits: &Limits) {
+        let prefix = &self.prefix;
+        self.windows = (0..limits.windows.len())
+            .map(|i| format!("{prefix}:window:{i}"))
+            .collect();
+        self.buckets = limits
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                let (t, tau) = gcra(q);
+                format!("{prefix}:bucket:{i}:{t}:{tau}")
+            })
+            .collect();
+    }
+}
+
+/// The admission script's call for `cost` units.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn admit<'a>(
+    scripts: &'a Scripts,
+    keys: &Keys,
+    limits: &Limits,
+    now: &str,
+    cost: u32,
+    lease: u64,
+    lease_ttl: Duration,
+    channel: &str,
+    id_hex: &str,
+    released: &[u64],
+) -> ScriptInvocation<'a> {
+    let mut call = scripts.admit.prepare_invoke();
+    call.key(&keys.cooldown).key(&keys.leases);
+    for k in keys.windows.iter().chain(&keys.buckets) {
+        call.key(k);
+    }
+    let cap = limits
+        .max_in_flight
+        .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
+    call.arg(now)
+        .arg(cost)
+        .arg(cap)
+        .arg(lease)
+        .arg(micros(lease_ttl))
+        .arg(limits.windows.len())
+        .arg(limits.buckets.len())
+        .arg(channel)
+        .arg(id_hex)
+        .arg(released.len());
+    for id in released {
+        call.arg(*id);
+    }
+    for w in &limits.windows {
+        call.arg(w.limit.get())
+            .arg(micros(w.window.saturating_add(w.guard)));
+    }
+    let guard = micros(limits.bucket_guard);
+    for q in &limits.buckets {
+        let (t, tau) = gcra(q);
+        call.arg(t).arg(tau).arg(guard);
+    }
+    call
+}

@@ -1,0 +1,132 @@
+//! A `redis-server` of a test binary's own, on a free port, without persistence.
+//!
+//! Started once per test binary (each test makes its stores on it under fresh scope ids); a
+//! watchdog shell stops it when the test binary exits. Without `redis-server` on the PATH, a
+//! test skips (returns early), unless `REQWEST_THROTTLE_REQUIRE_REDIS` is set (as `.ci/run`
+//! does): then it fails.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// A running `redis-server`.
+#[derive(Debug)]
+pub struct RedisServer {
+    pub port: u16,
+    child: Mutex<Child>,
+}
+
+impl RedisServer {
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's process id (for `kill -STOP`).
+    pub fn pid(&self) -> u32 {
+        self.child.lock().unwrap().id()
+    }
+
+    /// Sends `signal` (`"STOP"`, `"CONT"`) to the server.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Runs a `redis-cli` command against the server; its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Starts a fresh server of its own (not the shared one), or `None` as for [`shared`].
+    pub fn start() -> Option<RedisServer> {
+        if !installed() {
+            return None;
+        }
+        let port = free_port();
+        let script = format!(
+            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
+             --loglevel warning & pid=$!; \
+             while kill -0 {parent} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 0.5; done; \
+             kill $pid 2>/dev/null; wait $pid",
+            parent = std::process::id()
+        );
+        let child = Command::new("sh")
+            .args(["-c", &script])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sh starts");
+        let server = RedisServer {
+            port,
+            child: Mutex::new(child),
+        };
+        server.wait_ready();
+        Some(server)
+    }
+
+    fn wait_ready(&self) {
+        for _ in 0..200 {
+            if self.cli(&["PING"]) == "PONG" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server on port {} did not answer PING", self.port);
+    }
+
+    /// The server's own pid (the child is the watchdog shell).
+    pub fn server_pid(&self) -> u32 {
+        self.cli(&["INFO", "server"])
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())
+            .expect("INFO server names process_id")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.cli(&["SHUTDOWN", "NOSAVE"]);
+        let _ = self.child.lock().unwrap().wait();
+    }
+}
+
+fn installed() -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var_os("REQWEST_THROTTLE_REQUIRE_REDIS").is_none(),
+            "redis-server is not installed and REQWEST_THROTTLE_REQUIRE_REDIS is set"
+        );
+        eprintln!("skipped: redis-server is not installed (apt-get install redis-server)");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The test binary's shared server, started on first use; `None` (skip) without
+/// `redis-server`.
+pub fn shared() -> Option<&'static RedisServer> {
+    static SERVER: OnceLock<Option<RedisServer>> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start).as_ref()
+}
