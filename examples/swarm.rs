@@ -11,7 +11,13 @@
 //! cargo run --release --example swarm -- --no-quota   # only max_in_flight: limits learned from 429s
 //! cargo run --release --example swarm -- --url http://127.0.0.1:8080/v1/chat \
 //!     --header 'Authorization: Bearer KEY' --rpm 120 --parallel 20 -n 200
+//! cargo run --release --example swarm -- --processes 4 --redis redis://127.0.0.1:6379
 //! ```
+//!
+//! With `--processes N` the swarm runs as N OS processes (this program, started again), the
+//! agents and requests split among them, against one gateway: with `--redis URL` they share
+//! one quota through a `RedisStore`; with `--static-split` each has 1/N of the limits;
+//! with neither, each has the full limits. The summary shows each process's figures.
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,9 +25,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_throttle::store::RedisStore;
 use reqwest_throttle::testing::{Gateway, GatewayConfig};
 use reqwest_throttle::Throttle;
 use tokio::time::Instant;
+
+#[path = "swarm/fleet.rs"]
+mod fleet;
 
 const HELP: &str = "\
 swarm: 50 agents share one rate-limited API through one reqwest-throttle Throttle.
@@ -41,7 +51,15 @@ usage: swarm [OPTIONS]
   --parallel N        requests allowed in flight (default 20)
   --url URL           send GET requests to this http:// URL instead (no TLS in this example)
   --header 'Name: v'  add a header to every request (repeatable), e.g. Authorization
-  -h, --help          this help";
+  --processes N       run as N processes against one gateway (see below)
+  --redis URL         share the limits through Redis (e.g. redis://127.0.0.1:6379)
+  --static-split      with --processes: give each process 1/N of the limits instead
+  --uneven P          with --processes: the first process gets P % of the requests
+  -h, --help          this help
+
+With --processes N the swarm runs as N processes of this program, started together, sharing
+one gateway: with --redis they share one quota; with --static-split each gets 1/N of it;
+with neither, each gets all of it.";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -55,6 +73,7 @@ struct Args {
     per_window: u32,
     window: Duration,
     parallel: usize,
+    fleet: fleet::Args,
 }
 
 /// What the command line asked for: a run, or the help text.
@@ -75,6 +94,7 @@ fn parse_args() -> Result<Command, String> {
         per_window: 120,
         window: Duration::ZERO,
         parallel: 20,
+        fleet: fleet::Args::default(),
     };
     let mut window_secs = None;
     let mut args = std::env::args().skip(1);
@@ -116,6 +136,15 @@ fn parse_args() -> Result<Command, String> {
             "--rpm" => a.per_window = number(value()?)?,
             "--window-secs" => window_secs = Some(number(value()?)?),
             "--parallel" => a.parallel = number(value()?)? as usize,
+            "--processes" => a.fleet.processes = number(value()?)? as usize,
+            "--redis" => a.fleet.redis = Some(value()?),
+            "--static-split" => a.fleet.static_split = true,
+            "--uneven" => a.fleet.uneven = Some(number(value()?)?.min(100)),
+            "--child-gateway" => a.fleet.child_gateway = Some(value()?),
+            "--child-start-ms" => {
+                a.fleet.start_ms = Some(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--child-namespace" => a.fleet.namespace = Some(value()?),
             "-h" | "--help" => return Ok(Command::Help),
             other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
@@ -187,6 +216,7 @@ async fn run_swarm(
 ) -> Summary {
     let progress = Arc::new(Progress::default());
     let headers = Arc::new(args.headers.clone());
+    fleet::wait_for_start(&args.fleet).await;
     let started = Instant::now();
     let agents: Vec<_> = (0..args.agents)
         .map(|_| {
@@ -410,9 +440,26 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    if args.fleet.processes > 1 && args.fleet.child_gateway.is_none() {
+        return fleet::run(&args).await;
+    }
     let mut builder = Throttle::builder().max_in_flight(args.parallel);
     if !args.no_quota {
         builder = builder.sliding_window(args.per_window, args.window);
+    }
+    if let Some(url) = &args.fleet.redis {
+        let namespace = args
+            .fleet
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "swarm".into());
+        match RedisStore::builder(url).namespace(namespace).build() {
+            Ok(store) => builder = builder.store(store),
+            Err(e) => {
+                eprintln!("swarm: --redis {url:?}: {e}");
+                std::process::exit(2);
+            }
+        }
     }
     let throttle = match builder.build() {
         Ok(t) => t,
@@ -426,20 +473,18 @@ async fn main() {
         .build()
         .expect("a plain HTTP client builds");
 
-    let (gateway, target) = match &args.url {
-        Some(url) => (None, Target::Url(url.to_string())),
-        None => {
-            let config = GatewayConfig::seed_limits()
-                .with_requests_per_window(args.per_window)
-                .with_window(args.window)
-                .with_max_parallel(args.parallel as u32);
-            let gateway = Gateway::start(config).expect("the gateway binds to loopback");
+    let (gateway, target) = match (&args.url, &args.fleet.child_gateway) {
+        (_, Some(base)) => (None, Target::Gateway { base: base.clone() }),
+        (Some(url), None) => (None, Target::Url(url.to_string())),
+        (None, None) => {
+            let gateway =
+                Gateway::start(gateway_config(&args)).expect("the gateway binds to loopback");
             let base = gateway.url();
             (Some(gateway), Target::Gateway { base })
         }
     };
     // The gateway counts per user, by Authorization.
-    if gateway.is_some()
+    if matches!(target, Target::Gateway { .. })
         && !args
             .headers
             .iter()
@@ -449,6 +494,14 @@ async fn main() {
             .push(("Authorization".into(), "Bearer swarm-user".into()));
     }
     run_all(args, gateway, target, throttle, http).await;
+}
+
+/// The simulated gateway's settings for these arguments.
+fn gateway_config(args: &Args) -> GatewayConfig {
+    GatewayConfig::seed_limits()
+        .with_requests_per_window(args.per_window)
+        .with_window(args.window)
+        .with_max_parallel(args.parallel as u32)
 }
 
 async fn run_all(

@@ -1,11 +1,12 @@
 -- One admission attempt for one scope, all or nothing (see src/store/redis/script.rs).
 --
--- KEYS[1] cooldown, KEYS[2] leases, then one key per sliding window, then one per token bucket.
+-- KEYS[1] cooldown, KEYS[2] leases, KEYS[3] processes waiting for a lease, then one key per
+-- sliding window, then one per token bucket.
 -- ARGV[1] now in microseconds ('' = the server's TIME), ARGV[2] cost, ARGV[3] in-flight cap
 -- (-1: none), ARGV[4] lease id, ARGV[5] lease TTL (us), ARGV[6] windows, ARGV[7] buckets,
--- ARGV[8] release channel, ARGV[9] scope id, ARGV[10] leases released since the last call,
--- then those lease ids, then (limit, span us) per window, then (t us, tau us, guard us) per
--- bucket.
+-- ARGV[8] release channel, ARGV[9] scope id, ARGV[10] this process's id, ARGV[11] leases this
+-- process holds, ARGV[12] leases released since the last call, then those lease ids, then
+-- (limit, span us) per window, then (t us, tau us, guard us) per bucket.
 -- Answers {0} admitted, {1, us} cooldown, {2} in-flight full, {3, us} quota, or an error.
 local function now_us(arg)
   if arg ~= '' then return tonumber(arg) end
@@ -24,8 +25,9 @@ local cost = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[5])
 local nw, nb = tonumber(ARGV[6]), tonumber(ARGV[7])
-local nrel = tonumber(ARGV[10])
-local at = 11
+local me, mine = ARGV[10], tonumber(ARGV[11])
+local nrel = tonumber(ARGV[12])
+local at = 13
 
 -- Leases this process released since its last call go first, in order.
 if nrel > 0 then
@@ -44,16 +46,29 @@ if until_us then
   if until_us > now then return {1, until_us - now} end
 end
 
+-- A process refused a lease waits in KEYS[3] (for a second at most). While others wait,
+-- a process holding its fair share (cap / processes waiting or admitting) of the leases is
+-- refused too: a release goes to whoever asks first, and the process that released asks
+-- first, so without this the process holding most leases would keep them.
+local function wait_for_lease()
+  redis.call('ZADD', KEYS[3], now, me)
+  redis.call('PEXPIRE', KEYS[3], 2000)
+  return {2}
+end
 if cap >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) >= cap then return {2} end
+  if redis.call('ZCARD', KEYS[2]) >= cap then return wait_for_lease() end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 1000000)
+  local others = redis.call('ZCARD', KEYS[3])
+  if redis.call('ZSCORE', KEYS[3], me) then others = others - 1 end
+  if others > 0 and mine >= math.ceil(cap / (others + 1)) then return wait_for_lease() end
 end
 
 local bucket_tat = {}
 if cost > 0 then
   local ready = now
   for i = 1, nw do
-    local key = KEYS[2 + i]
+    local key = KEYS[3 + i]
     local limit, span = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
     at = at + 2
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - span)
@@ -72,7 +87,7 @@ if cost > 0 then
   end
   if ready > now then return {3, ready - now} end
   for i = 1, nb do
-    local key = KEYS[2 + nw + i]
+    local key = KEYS[3 + nw + i]
     local t, tau, guard = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
     at = at + 3
     local kept = redis.call('GET', key)
@@ -98,16 +113,17 @@ end
 if cap >= 0 then
   redis.call('ZADD', KEYS[2], now + ttl, ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ms_ceil(ttl))
+  redis.call('ZREM', KEYS[3], me)
 end
 if cost > 0 then
-  local w = 12 + nrel
+  local w = 14 + nrel
   for i = 1, nw do
-    local key, span = KEYS[2 + i], tonumber(ARGV[w + 2 * (i - 1)])
+    local key, span = KEYS[3 + i], tonumber(ARGV[w + 2 * (i - 1)])
     redis.call('ZADD', key, now, ARGV[4] .. ':' .. cost)
     redis.call('PEXPIRE', key, ms_ceil(span))
   end
   for i = 1, nb do
-    redis.call('SET', KEYS[2 + nw + i], bucket_tat[i], 'PX', ms_ceil(bucket_tat[i] - now))
+    redis.call('SET', KEYS[3 + nw + i], bucket_tat[i], 'PX', ms_ceil(bucket_tat[i] - now))
   end
 end
 return {0}

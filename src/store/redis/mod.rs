@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `…:cooldown` | string | the instant (µs, Redis time) the shared cooldown opens |
 //! | `…:leases` | sorted set | in-flight leases, scored by their expiry (µs) |
+//! | `…:waiting` | sorted set | processes refused a lease in the last second, scored by the time (µs) |
 //! | `…:window:<i>` | sorted set | the sliding window's log: one entry per send, `<lease>:<units>`, scored by its time (µs) |
 //! | `…:bucket:<i>:<t>:<tau>` | string | the token bucket's theoretical arrival time (GCRA, µs) |
 //!
@@ -434,6 +435,7 @@ impl RedisStore {
             shared.config.lease_ttl,
             &shared.channel,
             &st.id_hex,
+            (shared.lease_prefix, lock(&st.held).len()),
             &released,
         );
         let answer: Vec<i64> = shared.run(call).await?;

@@ -46,6 +46,7 @@ pub(super) fn gcra(quota: &governor::Quota) -> (u64, u64) {
 pub(super) struct Keys {
     pub(super) cooldown: String,
     pub(super) leases: String,
+    pub(super) waiting: String,
     pub(super) windows: Vec<String>,
     pub(super) buckets: Vec<String>,
     prefix: String,
@@ -57,6 +58,7 @@ impl Keys {
         let mut keys = Self {
             cooldown: format!("{prefix}:cooldown"),
             leases: format!("{prefix}:leases"),
+            waiting: format!("{prefix}:waiting"),
             windows: Vec::new(),
             buckets: Vec::new(),
             prefix,
@@ -84,7 +86,8 @@ impl Keys {
     }
 }
 
-/// The admission script's call for `cost` units.
+/// The admission script's call for `cost` units; `process` is this process's id and the
+/// leases it holds in the scope.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn admit<'a>(
     scripts: &'a Scripts,
@@ -96,10 +99,13 @@ pub(super) fn admit<'a>(
     lease_ttl: Duration,
     channel: &str,
     id_hex: &str,
+    process: (u64, usize),
     released: &[u64],
 ) -> ScriptInvocation<'a> {
     let mut call = scripts.admit.prepare_invoke();
-    call.key(&keys.cooldown).key(&keys.leases);
+    call.key(&keys.cooldown)
+        .key(&keys.leases)
+        .key(&keys.waiting);
     for k in keys.windows.iter().chain(&keys.buckets) {
         call.key(k);
     }
@@ -115,6 +121,8 @@ pub(super) fn admit<'a>(
         .arg(limits.buckets.len())
         .arg(channel)
         .arg(id_hex)
+        .arg(process.0)
+        .arg(process.1)
         .arg(released.len());
     for id in released {
         call.arg(*id);
