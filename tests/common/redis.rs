@@ -14,7 +14,10 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct RedisServer {
     pub port: u16,
+    /// The watchdog shell.
     child: Mutex<Child>,
+    /// The `redis-server` process.
+    server_pid: u32,
 }
 
 impl RedisServer {
@@ -23,19 +26,17 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// The server's process id (for `kill -STOP`).
-    pub fn pid(&self) -> u32 {
-        self.child.lock().unwrap().id()
-    }
-
     /// Sends `signal` (`"STOP"`, `"CONT"`) to the server.
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
+        assert!(self.send(signal), "kill -{signal} failed");
+    }
+
+    fn send(&self, signal: &str) -> bool {
+        Command::new("kill")
             .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
+            .arg(self.server_pid.to_string())
             .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{signal} failed");
+            .is_ok_and(|s| s.success())
     }
 
     /// Runs a `redis-cli` command against the server; its output.
@@ -50,10 +51,14 @@ impl RedisServer {
 
     /// Starts a fresh server of its own (not the shared one), or `None` as for [`shared`].
     pub fn start() -> Option<RedisServer> {
+        Self::start_on(free_port())
+    }
+
+    /// Starts a server on `port` (say, again after stopping one there).
+    pub fn start_on(port: u16) -> Option<RedisServer> {
         if !installed() {
             return None;
         }
-        let port = free_port();
         let script = format!(
             "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
              --loglevel warning & pid=$!; \
@@ -66,11 +71,13 @@ impl RedisServer {
             .stdout(Stdio::null())
             .spawn()
             .expect("sh starts");
-        let server = RedisServer {
+        let mut server = RedisServer {
             port,
             child: Mutex::new(child),
+            server_pid: 0,
         };
         server.wait_ready();
+        server.server_pid = server.read_server_pid();
         Some(server)
     }
 
@@ -84,8 +91,7 @@ impl RedisServer {
         panic!("redis-server on port {} did not answer PING", self.port);
     }
 
-    /// The server's own pid (the child is the watchdog shell).
-    pub fn server_pid(&self) -> u32 {
+    fn read_server_pid(&self) -> u32 {
         self.cli(&["INFO", "server"])
             .lines()
             .find_map(|l| l.strip_prefix("process_id:"))
@@ -96,6 +102,7 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        self.send("CONT");
         let _ = self.cli(&["SHUTDOWN", "NOSAVE"]);
         let _ = self.child.lock().unwrap().wait();
     }

@@ -49,6 +49,8 @@ struct State {
     streak: u32,
     last_log: Option<Instant>,
     unlogged: u64,
+    /// What the last failure said.
+    last_error: String,
 }
 
 impl Health {
@@ -80,6 +82,7 @@ impl Health {
             .saturating_mul(1 << s.streak.saturating_sub(1).min(16))
             .min(MAX_PAUSE);
         s.down_until = Some(now + pause);
+        s.last_error = what.to_string();
         if s.last_log
             .is_some_and(|t| now.saturating_duration_since(t) < LOG_EVERY)
         {
@@ -95,6 +98,13 @@ impl Health {
         );
         s.last_log = Some(now);
         s.unlogged = 0;
+    }
+
+    /// The error a refused caller gets (under [`OnUnavailable::FailClosed`]): what the last
+    /// failure said.
+    pub(super) fn error(&self) -> crate::store::StoreError {
+        let s = lock(&self.state);
+        crate::store::StoreError::new(format!("Redis unavailable: {}", s.last_error))
     }
 
     /// Failures so far.

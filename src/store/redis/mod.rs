@@ -438,7 +438,19 @@ impl RedisStore {
             (shared.lease_prefix, lock(&st.held).len()),
             &released,
         );
-        let answer: Vec<i64> = shared.run(call).await?;
+        let answer: Vec<i64> = match shared.run(call).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // The script may still run (a stalled Redis answers later): its lease, if
+                // any, is released with the next call, so that it does not hold a slot
+                // until it expires. A send it counted stays counted (the safe side).
+                if limits.max_in_flight.is_some() {
+                    lock(&st.released).push(lease);
+                    shared.flush.notify_one();
+                }
+                return Err(e);
+            }
+        };
         if !released.is_empty() {
             lock(&st.released).retain(|id| !released.contains(id));
         }
@@ -474,7 +486,7 @@ impl RedisStore {
                 })
             }
             OnUnavailable::FailOpen => Ok(Admission::Admitted(LeaseId(UNCOUNTED))),
-            OnUnavailable::FailClosed => Err(StoreError::new("Redis is unreachable")),
+            OnUnavailable::FailClosed => Err(self.shared.health.error()),
         }
     }
 }
@@ -624,7 +636,7 @@ impl RedisStore {
     /// What a call that could not reach Redis answers, by the failure policy.
     fn unavailable(&self) -> Result<(), StoreError> {
         match self.shared.config.on_unavailable {
-            OnUnavailable::FailClosed => Err(StoreError::new("Redis is unreachable")),
+            OnUnavailable::FailClosed => Err(self.shared.health.error()),
             _ => Ok(()),
         }
     }
