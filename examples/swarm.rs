@@ -78,7 +78,7 @@ struct Args {
 
 /// What the command line asked for: a run, or the help text.
 enum Command {
-    Run(Args),
+    Run(Box<Args>),
     Help,
 }
 
@@ -152,7 +152,7 @@ fn parse_args() -> Result<Command, String> {
     // A real API counts in real time: the seed's 60 s window unless told otherwise.
     let default_window = if a.url.is_some() { 60 } else { 6 };
     a.window = Duration::from_secs(window_secs.unwrap_or(default_window).into());
-    Ok(Command::Run(a))
+    Ok(Command::Run(Box::new(a)))
 }
 
 /// What one run of the swarm measured.
@@ -430,7 +430,7 @@ fn print(summary: &Summary, args: &Args, json: bool) {
 #[tokio::main]
 async fn main() {
     let mut args = match parse_args() {
-        Ok(Command::Run(a)) => a,
+        Ok(Command::Run(a)) => *a,
         Ok(Command::Help) => {
             println!("{HELP}");
             return;
