@@ -191,6 +191,48 @@ async fn a_key_holding_something_unexpected_is_a_clear_error_not_a_panic() {
     }
 }
 
+#[tokio::test]
+async fn every_key_has_an_expiry() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = store(&server, OnUnavailable::FailClosed);
+    let limits = Limits::new()
+        .with_max_in_flight(Some(1))
+        .with_window(reqwest_throttle::store::WindowQuota::new(
+            std::num::NonZeroU32::new(5).unwrap(),
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ))
+        .with_bucket(reqwest_throttle::Quota::per_minute(
+            std::num::NonZeroU32::new(5).unwrap(),
+        ));
+    let scope = store.open(ScopeId::from_u128(7), &limits);
+    let Admission::Admitted(lease) = store.admit(&scope, 2).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    assert_eq!(
+        store.admit(&scope, 1).await.unwrap(),
+        Admission::InFlightFull
+    );
+    store
+        .close_cooldown(&scope, Duration::from_secs(5))
+        .await
+        .unwrap();
+    store.release(&scope, lease);
+    let keys = server.cli(&["--scan"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(
+        keys.len(),
+        6,
+        "cooldown, leases, waiting, window log and units, bucket: {keys:?}"
+    );
+    for key in keys {
+        let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
+        assert!(ttl > 0, "{key} has no expiry ({ttl})");
+    }
+}
+
 /// The child side of the tests below: runs only when the parent sets the role.
 #[test]
 fn child_process() {

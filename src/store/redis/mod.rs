@@ -10,6 +10,7 @@
 //! | `…:leases` | sorted set | in-flight leases, scored by their expiry (µs) |
 //! | `…:waiting` | sorted set | processes refused a lease in the last second, scored by the time (µs) |
 //! | `…:window:<i>` | sorted set | the sliding window's log: one entry per send, `<lease>:<units>`, scored by its time (µs) |
+//! | `…:window:<i>:units` | string | the units that log holds (so an admission reads only the sends leaving) |
 //! | `…:bucket:<i>:<t>:<tau>` | string | the token bucket's theoretical arrival time (GCRA, µs) |
 //!
 //! Every admission attempt is one Lua script (EVALSHA, reloaded after a restart flushed it),

@@ -106,8 +106,11 @@ pub(super) fn admit<'a>(
     call.key(&keys.cooldown)
         .key(&keys.leases)
         .key(&keys.waiting);
-    for k in keys.windows.iter().chain(&keys.buckets) {
-        call.key(k);
+    for w in &keys.windows {
+        call.key(w).key(format!("{w}:units"));
+    }
+    for b in &keys.buckets {
+        call.key(b);
     }
     let cap = limits
         .max_in_flight
