@@ -59,9 +59,14 @@ impl RedisServer {
         if !installed() {
             return None;
         }
+        Self::launch(port, "")
+    }
+
+    /// Starts a server on `port` with `extra` settings.
+    fn launch(port: u16, extra: &str) -> Option<RedisServer> {
         let script = format!(
             "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
-             --loglevel warning & pid=$!; \
+             --loglevel warning {extra} & pid=$!; \
              while kill -0 {parent} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 0.5; done; \
              kill $pid 2>/dev/null; wait $pid",
             parent = std::process::id()
@@ -136,4 +141,77 @@ fn free_port() -> u16 {
 pub fn shared() -> Option<&'static RedisServer> {
     static SERVER: OnceLock<Option<RedisServer>> = OnceLock::new();
     SERVER.get_or_init(RedisServer::start).as_ref()
+}
+
+/// A Redis Cluster of three primaries (no replicas), each a [`RedisServer`] started with
+/// cluster mode on; `None` (skip) as for [`shared`].
+#[derive(Debug)]
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+    _dir: TempDir,
+}
+
+/// A directory removed on drop (the cluster's node files).
+#[derive(Debug)]
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl RedisCluster {
+    /// Starts three nodes and joins them into one cluster covering every hash slot.
+    pub fn start() -> Option<RedisCluster> {
+        if !installed() {
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("reqwest-throttle-cluster-{}", free_port()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let extra = format!(
+            "--cluster-enabled yes --cluster-node-timeout 2000 --dir {}",
+            dir.display()
+        );
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                let port = free_port();
+                let extra = format!("{extra} --cluster-config-file nodes-{port}.conf");
+                RedisServer::launch(port, &extra).expect("checked: installed")
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for _ in 0..200 {
+            if nodes
+                .iter()
+                .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+            {
+                return Some(RedisCluster {
+                    nodes,
+                    _dir: TempDir(dir),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the cluster never reached cluster_state:ok");
+    }
+
+    /// The nodes' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
 }

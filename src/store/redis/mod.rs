@@ -28,6 +28,7 @@
 //! [`OnUnavailable`], and Redis is left alone for a pause that doubles per failure (100 ms up
 //! to 5 s) before it is asked again.
 
+mod conn;
 mod health;
 mod script;
 mod tasks;
@@ -40,8 +41,7 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OnceCell};
 use tokio::time::Instant;
 
 pub use health::OnUnavailable;
@@ -49,6 +49,7 @@ pub use health::OnUnavailable;
 use super::memory::{MemoryScope, MemoryStore};
 use super::{Admission, LeaseId, Limits, ScopeId, Store, StoreError};
 use crate::sync::lock;
+use conn::{Conn, Target};
 use health::Health;
 use script::{Keys, Scripts};
 
@@ -60,7 +61,8 @@ const UNCOUNTED: u64 = u64::MAX;
 /// Builds a [`RedisStore`]; from [`RedisStore::builder`].
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
-    url: String,
+    nodes: Vec<String>,
+    cluster: bool,
     namespace: String,
     timeout: Option<Duration>,
     lease_ttl: Duration,
@@ -163,8 +165,16 @@ impl RedisStoreBuilder {
                 self.namespace
             )));
         }
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| StoreError::new(format!("Redis URL {:?}: {e}", self.url)))?;
+        let bad =
+            |e: redis::RedisError| StoreError::new(format!("Redis URL {:?}: {e}", self.nodes));
+        // Releases are published to every node of a cluster: one node is enough to listen.
+        let first = self.nodes.first().map_or("", String::as_str);
+        let client = redis::Client::open(first).map_err(bad)?;
+        let target = if self.cluster {
+            Self::cluster_target(&self.nodes).map_err(bad)?
+        } else {
+            Target::Single(client.clone())
+        };
         let seed = self.seed.unwrap_or_else(rand::random);
         let mut rng = SmallRng::seed_from_u64(seed);
         let lease_prefix = u64::from(rng.random::<u32>() >> 1) << 32;
@@ -173,7 +183,9 @@ impl RedisStoreBuilder {
                 channel: format!("{}:released", self.namespace),
                 hash_key: hash_key(&self.namespace),
                 client,
-                conn: OnceLock::new(),
+                target,
+                conn: OnceCell::new(),
+                tasks: OnceLock::new(),
                 scripts: Scripts::new(),
                 health: Health::default(),
                 scopes: Mutex::default(),
@@ -220,8 +232,11 @@ pub struct RedisStore {
 #[derive(Debug)]
 pub(crate) struct Shared {
     config: RedisStoreBuilder,
+    /// The server the subscriber listens on.
     client: redis::Client,
-    conn: OnceLock<ConnectionManager>,
+    target: Target,
+    conn: OnceCell<Conn>,
+    tasks: OnceLock<()>,
     scripts: Scripts,
     health: Health,
     /// The scopes alive in this process, by id: for renewals and published releases.
@@ -288,11 +303,27 @@ impl Drop for ScopeState {
 }
 
 impl RedisStore {
+    /// A builder for a store on a Redis Cluster, given some of its nodes' URLs (feature
+    /// `redis-cluster`). Every key of a scope shares one hash slot, so each admission is one
+    /// script on one primary.
+    #[cfg(feature = "redis-cluster")]
+    pub fn cluster_builder<I, U>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        let mut builder = Self::builder("");
+        builder.nodes = nodes.into_iter().map(Into::into).collect();
+        builder.cluster = true;
+        builder
+    }
+
     /// A builder for a store on the Redis at `url` (`redis://host:port/db`,
     /// `rediss://…` needs a TLS feature of the `redis` crate).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
+            nodes: vec![url.into()],
+            cluster: false,
             namespace: "reqwest-throttle".into(),
             timeout: Some(Duration::from_millis(250)),
             lease_ttl: Duration::from_secs(30),
@@ -323,6 +354,18 @@ impl RedisStore {
     }
 }
 
+impl RedisStoreBuilder {
+    #[cfg(feature = "redis-cluster")]
+    fn cluster_target(nodes: &[String]) -> redis::RedisResult<Target> {
+        redis::cluster::ClusterClient::new(nodes.iter().map(String::as_str)).map(Target::Cluster)
+    }
+
+    #[cfg(not(feature = "redis-cluster"))]
+    fn cluster_target(_: &[String]) -> redis::RedisResult<Target> {
+        unreachable!("cluster_builder needs the feature redis-cluster")
+    }
+}
+
 /// The key of the scope ids' SipHash: derived from the namespace alone, so every process of
 /// a fleet names a scope alike.
 fn hash_key(namespace: &str) -> [u64; 2] {
@@ -334,20 +377,15 @@ fn hash_key(namespace: &str) -> [u64; 2] {
 }
 
 impl Shared {
-    fn conn(self: &Arc<Self>) -> ConnectionManager {
-        self.conn
-            .get_or_init(|| {
-                tasks::spawn(self);
-                let timeout = self.config.timeout;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(timeout)
-                    .set_response_timeout(None)
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(1));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-                    .expect("a lazy connection manager without push settings is always made")
-            })
-            .clone()
+    /// The connection, made on first use (with the background tasks).
+    async fn conn(self: &Arc<Self>) -> Result<Conn, String> {
+        self.tasks.get_or_init(|| tasks::spawn(self));
+        let conn = self
+            .conn
+            .get_or_try_init(|| self.target.connect(self.config.timeout))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(conn.clone())
     }
 
     /// "Now" for a script: empty (Redis's `TIME`), or this process's tokio clock in µs.
@@ -366,9 +404,13 @@ impl Shared {
         self: &Arc<Self>,
         call: redis::ScriptInvocation<'_>,
     ) -> Result<T, String> {
-        let mut conn = self.conn();
         self.commands.fetch_add(1, Ordering::Relaxed);
-        let answer = call.invoke_async::<T>(&mut conn);
+        let answer = async {
+            let mut conn = self.conn().await.map_err(|e| {
+                redis::RedisError::from((redis::ErrorKind::Io, "cannot connect", e))
+            })?;
+            call.invoke_async::<T>(&mut conn).await
+        };
         let answer = match self.config.timeout {
             Some(t) => tokio::time::timeout(t, answer).await.unwrap_or_else(|_| {
                 Err(redis::RedisError::from(std::io::Error::from(
