@@ -14,7 +14,7 @@ pub(super) enum Target {
     Single(redis::Client),
     /// A Redis Cluster, by some of its nodes.
     #[cfg(feature = "redis-cluster")]
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 /// A connection, cheap to clone (each clone multiplexes on the same socket(s)).

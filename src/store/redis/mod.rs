@@ -357,7 +357,8 @@ impl RedisStore {
 impl RedisStoreBuilder {
     #[cfg(feature = "redis-cluster")]
     fn cluster_target(nodes: &[String]) -> redis::RedisResult<Target> {
-        redis::cluster::ClusterClient::new(nodes.iter().map(String::as_str)).map(Target::Cluster)
+        redis::cluster::ClusterClient::new(nodes.iter().map(String::as_str))
+            .map(|c| Target::Cluster(Box::new(c)))
     }
 
     #[cfg(not(feature = "redis-cluster"))]
