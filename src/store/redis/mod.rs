@@ -217,7 +217,7 @@ impl RedisStoreBuilder {
 /// use reqwest_throttle::{store::RedisStore, Throttle};
 ///
 /// let store = RedisStore::builder("redis://127.0.0.1:6379").build()?;
-/// let throttle = Throttle::builder()
+/// let _throttle = Throttle::builder()
 ///     .sliding_window(120, Duration::from_secs(60))
 ///     .max_in_flight(20)
 ///     .store(store)
