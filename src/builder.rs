@@ -256,7 +256,7 @@ impl ThrottleBuilder {
         self
     }
 
-    /// Where each scope's state is counted: [`MemoryStore`] (this process alone) or, with the
+    /// Where each scope's state is counted: [`MemoryStore`](crate::store::MemoryStore) (this process alone) or, with the
     /// feature `redis`, a [`RedisStore`](crate::store::RedisStore) shared by every process
     /// of a fleet, so that together they keep one quota.
     ///

@@ -1,32 +1,4 @@
-//! [`RedisStore`] (feature `redis`): one quota for a whole fleet of processes and machines,
-//! kept in Redis (or Valkey).
-//!
-//! Each scope's state lives in a few keys that share one cluster hash slot (the `{…}` tag of
-//! `<namespace>:{<scope id>}:…`), every key with an expiry:
-//!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `…:cooldown` | string | the instant (µs, Redis time) the shared cooldown opens |
-//! | `…:leases` | sorted set | in-flight leases, scored by their expiry (µs) |
-//! | `…:waiting` | sorted set | processes refused a lease in the last second, scored by the time (µs) |
-//! | `…:window:<i>` | sorted set | the sliding window's log: one entry per send, `<lease>:<units>`, scored by its time (µs) |
-//! | `…:window:<i>:units` | string | the units that log holds (so an admission reads only the sends leaving) |
-//! | `…:bucket:<i>:<t>:<tau>` | string | the token bucket's theoretical arrival time (GCRA, µs) |
-//!
-//! Every admission attempt is one Lua script (EVALSHA, reloaded after a restart flushed it),
-//! so checking and charging are atomic across the fleet, and it reads the time from Redis
-//! (`TIME`): one clock for every process, no client clock skew. The scope id is a 128-bit
-//! SipHash of the scope's key under a key derived from the namespace, so every process names
-//! a scope alike and an API key never reaches Redis.
-//!
-//! Leases are renewed by one background task per store while held; a crashed process's
-//! leases expire after the lease TTL (default 30 s). A release is sent at once by that task
-//! (or with the next admission of the scope, whichever is first) and published, so waiters in
-//! other processes try again at once; a bounded poll covers a missed message.
-//!
-//! While Redis does not answer within the timeout (default 250 ms), admission follows
-//! [`OnUnavailable`], and Redis is left alone for a pause that doubles per failure (100 ms up
-//! to 5 s) before it is asked again.
+//! [`RedisStore`] (feature `redis`): one quota for a fleet, kept in Redis.
 
 mod conn;
 mod health;
@@ -205,8 +177,38 @@ impl RedisStoreBuilder {
 }
 
 /// A [`Store`] in Redis, shared by every process that uses the same Redis and namespace: a
-/// fleet's requests, together, stay inside one quota. See the [module docs](self) for the
-/// keys, scripts, leases and failure policy.
+/// fleet's requests, together, stay inside one quota. Redis 6.2 or later, or Valkey.
+///
+/// Each scope's state lives in a few keys that share one cluster hash slot (the `{…}` tag of
+/// `<namespace>:{<scope id>}:…`), every key with an expiry:
+///
+/// | key | type | holds |
+/// |---|---|---|
+/// | `…:cooldown` | string | the instant (µs, Redis time) the shared cooldown opens |
+/// | `…:leases` | sorted set | in-flight leases, scored by their expiry (µs) |
+/// | `…:waiting` | sorted set | processes refused a lease in the last second, scored by the time (µs) |
+/// | `…:window:<i>` | sorted set | the sliding window's log: one entry per send, `<lease>:<units>`, scored by its time (µs) |
+/// | `…:window:<i>:units` | string | the units that log holds (so an admission reads only the sends leaving) |
+/// | `…:bucket:<i>:<t>:<tau>` | string | the token bucket's theoretical arrival time (GCRA, µs) |
+///
+/// Every admission attempt is one Lua script (EVALSHA, reloaded after a restart flushed it),
+/// so checking and charging are atomic across the fleet, and it reads the time from Redis
+/// (`TIME`): one clock for every process, no client clock skew. The scope id is a 128-bit
+/// SipHash of the scope's key under a key derived from the namespace, so every process names
+/// a scope alike and an API key never reaches Redis.
+///
+/// Leases are renewed by one background task per store while held; a crashed process's
+/// leases expire after the lease TTL (default 30 s). A release is sent at once by that task
+/// (or with the next admission of the scope, whichever is first) and published, so waiters in
+/// other processes try again at once; a bounded poll covers a missed message.
+///
+/// While processes wait for an in-flight slot, one holding more than its share (the cap over
+/// the processes asking) is refused the next free slot, so that a released slot does not
+/// always go to the process that released it (which asks first).
+///
+/// While Redis does not answer within the timeout (default 250 ms), admission follows
+/// [`OnUnavailable`], and Redis is left alone for a pause that doubles per failure (100 ms up
+/// to 5 s) before it is asked again.
 ///
 /// Cloning is cheap (an `Arc`). Give it to
 /// [`ThrottleBuilder::store`](crate::ThrottleBuilder::store).
