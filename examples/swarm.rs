@@ -19,7 +19,7 @@
 //! one quota through a `RedisStore`; with `--static-split` each has 1/N of the limits;
 //! with neither, each has the full limits. The summary shows each process's figures.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -275,8 +275,9 @@ async fn run_swarm(
     }
     if let Some(bar) = bar {
         bar.abort();
-        draw(&progress, args.requests);
-        eprintln!();
+        let _ = bar.await;
+        let done = progress.done.load(Ordering::Relaxed);
+        eprintln!("{done}/{}  {}", args.requests, status(&progress));
     }
     let wall_s = started.elapsed().as_secs_f64();
     let ok = progress.ok.load(Ordering::Relaxed);
@@ -321,32 +322,44 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     line
 }
 
-fn draw(p: &Progress, total: usize) {
-    let done = p.done.load(Ordering::Relaxed);
-    let width = 40;
-    let filled = done * width / total.max(1);
-    eprint!(
-        "\r[{}{}] {done}/{total}  ok {}  final 429s {}",
-        "#".repeat(filled),
-        ".".repeat(width - filled),
+/// The progress line: requests done, succeeded, and 429s that reached an agent.
+fn status(p: &Progress) -> String {
+    format!(
+        "ok {}  final 429s {}",
         p.ok.load(Ordering::Relaxed),
-        p.final_429.load(Ordering::Relaxed),
-    );
-    let _ = std::io::stderr().flush();
+        p.final_429.load(Ordering::Relaxed)
+    )
 }
 
+/// Shows progress until aborted: a bar on a terminal, a line every 5 s in a pipe or a log.
 async fn show_progress(p: Arc<Progress>, total: usize) {
-    // A terminal gets a bar redrawn in place; a pipe or a log gets a line every 5 s.
-    let tty = std::io::stderr().is_terminal();
-    loop {
-        if tty {
-            draw(&p, total);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        } else {
+    if !std::io::stderr().is_terminal() {
+        loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            draw(&p, total);
-            eprintln!();
+            let done = p.done.load(Ordering::Relaxed);
+            eprintln!("{done}/{total}  {}", status(&p));
         }
+    }
+    let bar = indicatif::ProgressBar::new(total as u64).with_style(
+        indicatif::ProgressStyle::with_template("[{bar:40}] {pos}/{len}  {msg}  {elapsed}")
+            .expect("a valid template")
+            .progress_chars("#>."),
+    );
+    // Finished in place when the task is aborted (the bar is dropped).
+    let bar = BarGuard(bar);
+    loop {
+        bar.0.set_position(p.done.load(Ordering::Relaxed) as u64);
+        bar.0.set_message(status(&p));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Leaves the bar drawn, complete, when dropped.
+struct BarGuard(indicatif::ProgressBar);
+
+impl Drop for BarGuard {
+    fn drop(&mut self) {
+        self.0.finish();
     }
 }
 
