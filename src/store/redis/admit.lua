@@ -8,12 +8,6 @@
 -- process holds, ARGV[12] leases released since the last call, then those lease ids, then
 -- (limit, span us) per window, then (t us, tau us, guard us) per bucket.
 -- Answers {0} admitted, {1, us} cooldown, {2} in-flight full, {3, us} quota, or an error.
-local function now_us(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function ms_ceil(us) return math.floor((us + 999) / 1000) + 1 end
 local function units(member)
   local n = tonumber(string.match(member, ':(%d+)$'))
   if not n then error('reqwest-throttle: corrupt window entry ' .. member) end

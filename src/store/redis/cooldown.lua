@@ -1,10 +1,7 @@
 -- Closes a scope's cooldown for a while; a cooldown closed for longer stays as it is.
 -- KEYS[1] cooldown. ARGV[1] now in microseconds ('' = the server's TIME), ARGV[2] wait (us).
 -- Answers the microseconds the cooldown stays closed from now.
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME'); now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_us(ARGV[1])
 local wait = tonumber(ARGV[2])
 local until_us = now + wait
 local current = redis.call('GET', KEYS[1])
@@ -14,6 +11,6 @@ if current then
   if current >= until_us then return current - now end
 end
 if wait > 0 then
-  redis.call('SET', KEYS[1], until_us, 'PX', math.floor((wait + 999) / 1000) + 1)
+  redis.call('SET', KEYS[1], until_us, 'PX', ms_ceil(wait))
 end
 return wait

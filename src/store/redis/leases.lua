@@ -2,10 +2,7 @@
 -- KEYS[1] leases. ARGV[1] now in microseconds ('' = the server's TIME), ARGV[2] lease TTL (us),
 -- ARGV[3] release channel, ARGV[4] scope id, ARGV[5] count of released ids, then those ids,
 -- then the ids still held (renewed: their expiry moves to now + TTL).
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME'); now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_us(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local nrel = tonumber(ARGV[5])
 if nrel > 0 then
@@ -20,6 +17,6 @@ for i = 6 + nrel, #ARGV do
   renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', now + ttl, ARGV[i])
 end
 if #ARGV >= 6 + nrel then
-  redis.call('PEXPIRE', KEYS[1], math.floor((ttl + 999) / 1000) + 1)
+  redis.call('PEXPIRE', KEYS[1], ms_ceil(ttl))
 end
 return renewed

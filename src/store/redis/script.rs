@@ -19,10 +19,10 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            admit: Script::new(include_str!("admit.lua")),
-            cooldown: Script::new(include_str!("cooldown.lua")),
-            leases: Script::new(include_str!("leases.lua")),
-            empty: Script::new(include_str!("empty.lua")),
+            admit: Script::new(concat!(include_str!("prelude.lua"), include_str!("admit.lua"))),
+            cooldown: Script::new(concat!(include_str!("prelude.lua"), include_str!("cooldown.lua"))),
+            leases: Script::new(concat!(include_str!("prelude.lua"), include_str!("leases.lua"))),
+            empty: Script::new(concat!(include_str!("prelude.lua"), include_str!("empty.lua"))),
         }
     }
 }
