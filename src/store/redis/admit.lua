@@ -1,45 +1,13 @@
 -- One admission attempt for one scope, all or nothing (see src/store/redis/script.rs).
 --
 -- KEYS[1] cooldown, KEYS[2] leases, KEYS[3] processes waiting for a lease, then two keys per
--- sliding window (its log, the units it holds), then one per token bucket.
+-- sliding window (its log and units: see the prelude), then one per token bucket.
 -- ARGV[1] now in microseconds ('' = the server's TIME), ARGV[2] cost, ARGV[3] in-flight cap
 -- (-1: none), ARGV[4] lease id, ARGV[5] lease TTL (us), ARGV[6] windows, ARGV[7] buckets,
 -- ARGV[8] release channel, ARGV[9] scope id, ARGV[10] this process's id, ARGV[11] leases this
 -- process holds, ARGV[12] leases released since the last call, then those lease ids, then
 -- (limit, span us) per window, then (t us, tau us, guard us) per bucket.
 -- Answers {0} admitted, {1, us} cooldown, {2} in-flight full, {3, us} quota, or an error.
-local function units(member)
-  local n = tonumber(string.match(member, ':(%d+)$'))
-  if not n then error('reqwest-throttle: corrupt window entry ' .. member) end
-  return n
-end
-
--- The units a window's log holds once the sends at or before `cutoff` have left. The total
--- is kept beside the log (`total_key`), so that only the sends leaving are read.
-local function units_in(key, total_key, cutoff, span)
-  local total = redis.call('GET', total_key)
-  if total then
-    total = tonumber(total)
-    if not total then error('reqwest-throttle: corrupt window total ' .. total_key) end
-    local gone = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff)
-    for j = 1, #gone do total = total - units(gone[j]) end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
-  else
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
-    total = 0
-    local log = redis.call('ZRANGE', key, 0, -1)
-    for j = 1, #log do total = total + units(log[j]) end
-  end
-  if total < 0 then total = 0 end
-  if total == 0 then
-    redis.call('DEL', total_key)
-  else
-    redis.call('SET', total_key, total, 'KEEPTTL')
-    if redis.call('PTTL', total_key) < 0 then redis.call('PEXPIRE', total_key, ms_ceil(span)) end
-  end
-  return total
-end
-
 local now = now_us(ARGV[1])
 local cost = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
@@ -88,23 +56,12 @@ local bucket_tat = {}
 if cost > 0 then
   local ready = now
   for i = 1, nw do
-    local key = KEYS[2 + 2 * i]
+    local log, units = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
     local limit, span = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
     at = at + 2
-    local used = units_in(key, KEYS[3 + 2 * i], now - span, span)
-    local over = used + cost - limit
+    local over = window_total(log, units, now - span) + cost - limit
     if over > 0 then
-      -- Oldest first, until enough units would have left.
-      local freed, when, from = 0, now + span, 0
-      while freed < over do
-        local log = redis.call('ZRANGE', key, from, from + 63, 'WITHSCORES')
-        if #log == 0 then break end
-        for j = 1, #log, 2 do
-          freed = freed + units(log[j])
-          if freed >= over then when = tonumber(log[j + 1]) + span; break end
-        end
-        from = from + 64
-      end
+      local when = window_ready(log, units, over, span, now)
       if when > ready then ready = when end
     end
   end
@@ -141,12 +98,8 @@ end
 if cost > 0 then
   local w = 14 + nrel
   for i = 1, nw do
-    local key, total_key = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
     local span = tonumber(ARGV[w + 2 * (i - 1)])
-    redis.call('ZADD', key, now, ARGV[4] .. ':' .. cost)
-    redis.call('INCRBY', total_key, cost)
-    redis.call('PEXPIRE', key, ms_ceil(span))
-    redis.call('PEXPIRE', total_key, ms_ceil(span))
+    window_add(KEYS[2 + 2 * i], KEYS[3 + 2 * i], ARGV[4], now, cost, span)
   end
   for i = 1, nb do
     redis.call('SET', KEYS[3 + 2 * nw + i], bucket_tat[i], 'PX', ms_ceil(bucket_tat[i] - now))

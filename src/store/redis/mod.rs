@@ -187,8 +187,8 @@ impl RedisStoreBuilder {
 /// | `…:cooldown` | string | the instant (µs, Redis time) the shared cooldown opens |
 /// | `…:leases` | sorted set | in-flight leases, scored by their expiry (µs) |
 /// | `…:waiting` | sorted set | processes refused a lease in the last second, scored by the time (µs) |
-/// | `…:window:<i>` | sorted set | the sliding window's log: one entry per send, `<lease>:<units>`, scored by its time (µs) |
-/// | `…:window:<i>:units` | string | the units that log holds (so an admission reads only the sends leaving) |
+/// | `…:window:<i>` | sorted set | the sliding window's log: one entry per send (its lease id), scored by its time (µs) |
+/// | `…:window:<i>:units` | hash | each entry's units, and their sum (`total`), so an admission reads only the sends leaving |
 /// | `…:bucket:<i>:<t>:<tau>` | string | the token bucket's theoretical arrival time (GCRA, µs) |
 ///
 /// Every admission attempt is one Lua script (EVALSHA, reloaded after a restart flushed it),

@@ -7,3 +7,57 @@ local function now_us(arg)
 end
 -- Microseconds as whole milliseconds for PEXPIRE/PX, rounded up, plus one.
 local function ms_ceil(us) return math.floor((us + 999) / 1000) + 1 end
+
+-- A sliding window is two keys: `log`, a sorted set of its sends (member: an entry id, the
+-- admission's lease id; score: the send's time, us), and `units`, a hash of each entry's units
+-- and their sum under the field 'total'. Both have the same expiry.
+local function number_or_error(v, what)
+  local n = tonumber(v)
+  if not n then error('reqwest-throttle: corrupt ' .. what) end
+  return n
+end
+
+-- The units the window holds once the sends at or before `cutoff` have left (read in batches,
+-- so that only the sends leaving are read).
+local function window_total(log, units, cutoff)
+  local total = number_or_error(redis.call('HGET', units, 'total') or '0', 'window total ' .. units)
+  while true do
+    local gone = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff, 'LIMIT', 0, 512)
+    if #gone == 0 then break end
+    local vals = redis.call('HMGET', units, unpack(gone))
+    for j = 1, #gone do
+      total = total - number_or_error(vals[j] or '0', 'window entry ' .. gone[j])
+    end
+    redis.call('ZREM', log, unpack(gone))
+    redis.call('HDEL', units, unpack(gone))
+  end
+  if total < 0 then total = 0 end
+  if total == 0 then redis.call('DEL', units) else redis.call('HSET', units, 'total', total) end
+  return total
+end
+
+-- When enough of the oldest sends will have left for `over` more units: their time + span.
+local function window_ready(log, units, over, span, now)
+  local freed, from = 0, 0
+  while true do
+    local page = redis.call('ZRANGE', log, from, from + 63, 'WITHSCORES')
+    if #page == 0 then return now + span end
+    local ids = {}
+    for j = 1, #page, 2 do ids[#ids + 1] = page[j] end
+    local vals = redis.call('HMGET', units, unpack(ids))
+    for j = 1, #ids do
+      freed = freed + number_or_error(vals[j] or '0', 'window entry ' .. ids[j])
+      if freed >= over then return tonumber(page[2 * j]) + span end
+    end
+    from = from + 64
+  end
+end
+
+-- Adds `n` units to entry `id` (sent at `at`) and to the total; both keys expire after span.
+local function window_add(log, units, id, at, n, span)
+  if redis.call('ZSCORE', log, id) == false then redis.call('ZADD', log, at, id) end
+  redis.call('HINCRBY', units, id, n)
+  redis.call('HINCRBY', units, 'total', n)
+  redis.call('PEXPIRE', log, ms_ceil(span))
+  redis.call('PEXPIRE', units, ms_ceil(span))
+end
