@@ -12,6 +12,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::builder::ThrottleBuilder;
+use crate::charge::UsageFromHeaders;
 use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused, Slot};
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
@@ -38,6 +39,7 @@ pub(crate) struct Inner {
     pub(crate) key_header: Option<HeaderName>,
     pub(crate) deadline: Option<Duration>,
     pub(crate) budget: Option<Mutex<BudgetLedger>>,
+    pub(crate) usage_from_headers: Option<UsageFromHeaders>,
 }
 
 /// The settings of a throttle beside its engine.
@@ -47,6 +49,7 @@ pub(crate) struct Settings {
     pub(crate) key_header: Option<HeaderName>,
     pub(crate) deadline: Option<Duration>,
     pub(crate) budget: Option<RetryBudget>,
+    pub(crate) usage_from_headers: Option<UsageFromHeaders>,
 }
 
 /// The right to have one unit of work in flight, from [`Throttle::acquire`]. Dropping it ends
@@ -135,6 +138,7 @@ impl Throttle {
                 key_header: settings.key_header,
                 deadline: settings.deadline,
                 budget: budget.map(|b| Mutex::new(BudgetLedger::new(b, Instant::now()))),
+                usage_from_headers: settings.usage_from_headers,
             }),
         }
     }
