@@ -34,7 +34,7 @@ pub(crate) trait Settle: Send + Sync {
 ///     .send()
 ///     .await?;
 /// let charge = response.extensions().get::<Charge>().cloned();
-/// let body: serde_json::Value = response.json().await?;
+/// let body: serde_json::Value = serde_json::from_slice(&response.bytes().await?)?;
 /// if let (Some(charge), Some(used)) = (charge, body["usage"]["total_tokens"].as_u64()) {
 ///     charge.settle(u32::try_from(used).unwrap_or(u32::MAX)).await?;
 /// }
