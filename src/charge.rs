@@ -26,9 +26,11 @@ pub(crate) trait Settle: Send + Sync {
 /// its extensions. Take it before the body is read (reading consumes the response):
 ///
 /// ```no_run
-/// # async fn demo(client: reqwest_middleware::ClientWithMiddleware) -> Result<(), Box<dyn std::error::Error>> {
 /// use reqwest_throttle::{Charge, Cost};
 ///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
 /// let response = client.post("https://api.example/v1/chat")
 ///     .with_extension(Cost(1_200)) // prompt tokens + max_tokens
 ///     .send()
