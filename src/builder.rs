@@ -6,7 +6,7 @@ use std::time::Duration;
 use governor::Quota;
 use http::HeaderName;
 
-use crate::charge::UsageFromHeaders;
+use crate::charge::{UsageFromBody, UsageFromHeaders};
 use crate::clock::FAR_FUTURE;
 use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
@@ -52,6 +52,7 @@ pub const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(30);
 /// | [`scope_idle_ttl`](Self::scope_idle_ttl) | 10 min | seconds |
 /// | [`priority_aging`](Self::priority_aging) | 30 s | seconds |
 /// | [`settle_from_headers`](Self::settle_from_headers) | none | |
+/// | [`settle_from_body`](Self::settle_from_body) | none | bytes |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
@@ -74,6 +75,7 @@ pub struct ThrottleBuilder {
     scope_idle_ttl: Duration,
     priority_aging: Duration,
     usage_from_headers: Option<UsageFromHeaders>,
+    usage_from_body: Option<UsageFromBody>,
 }
 
 impl Default for ThrottleBuilder {
@@ -97,6 +99,7 @@ impl Default for ThrottleBuilder {
             scope_idle_ttl: DEFAULT_SCOPE_IDLE_TTL,
             priority_aging: DEFAULT_PRIORITY_AGING,
             usage_from_headers: None,
+            usage_from_body: None,
         }
     }
 }
@@ -343,6 +346,39 @@ impl ThrottleBuilder {
         self
     }
 
+    /// Reads a request's true cost from the whole body of its answer (e.g. the `usage` of an
+    /// LLM API's JSON) and settles its charge with it (see [`Charge`](crate::Charge)), as the
+    /// caller reads the body: the body passes through unchanged and is read once, by the
+    /// caller; the throttle keeps a copy of up to `max_bytes` bytes of it and calls `f` on the
+    /// copy when the body reaches its end. A longer body, one that fails or one dropped
+    /// before its end settles nothing (the estimate stands); so does `f` returning `None`.
+    /// Applies to the response returned (not to attempts that were retried).
+    ///
+    /// ```
+    /// use reqwest_throttle::Throttle;
+    ///
+    /// let throttle = Throttle::builder()
+    ///     .token_window(40_000, std::time::Duration::from_secs(60))
+    ///     .settle_from_body(64 * 1024, |body| {
+    ///         let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    ///         u32::try_from(json["usage"]["total_tokens"].as_u64()?).ok()
+    ///     })
+    ///     .build()?;
+    /// # drop(throttle);
+    /// # Ok::<(), reqwest_throttle::BuildError>(())
+    /// ```
+    ///
+    /// # Default
+    /// None: charges stand at their estimate unless the caller settles them.
+    pub fn settle_from_body(
+        mut self,
+        max_bytes: usize,
+        f: impl Fn(&[u8]) -> Option<u32> + Send + Sync + 'static,
+    ) -> Self {
+        self.usage_from_body = Some(UsageFromBody::new(max_bytes, f));
+        self
+    }
+
     /// Every invalid setting, in the order documented on [`BuildError`].
     fn problems(&self) -> Vec<BuildError> {
         let mut problems = Vec::new();
@@ -453,6 +489,7 @@ impl ThrottleBuilder {
                 deadline: self.deadline,
                 budget: self.budget,
                 usage_from_headers: self.usage_from_headers,
+                usage_from_body: self.usage_from_body,
             },
         ))
     }

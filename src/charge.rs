@@ -126,3 +126,43 @@ impl fmt::Debug for UsageFromHeaders {
         f.write_str("UsageFromHeaders(..)")
     }
 }
+
+/// The builder's [`settle_from_body`](crate::ThrottleBuilder::settle_from_body) hook.
+#[derive(Clone)]
+pub(crate) struct UsageFromBody {
+    read: Arc<ReadBody>,
+    max_bytes: usize,
+}
+
+/// Reads a true cost from an answer's whole body.
+type ReadBody = dyn Fn(&[u8]) -> Option<u32> + Send + Sync;
+
+impl UsageFromBody {
+    pub(crate) fn new(
+        max_bytes: usize,
+        f: impl Fn(&[u8]) -> Option<u32> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            read: Arc::new(f),
+            max_bytes,
+        }
+    }
+
+    /// The true cost the whole body reports, if it does.
+    pub(crate) fn read(&self, body: &[u8]) -> Option<u32> {
+        (self.read)(body)
+    }
+
+    /// The longest body kept for the hook, in bytes.
+    pub(crate) fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+}
+
+impl fmt::Debug for UsageFromBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UsageFromBody")
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
+    }
+}

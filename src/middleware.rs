@@ -12,7 +12,9 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
-use crate::body::{has_error_body_to_read, hold_until_body_ends, read_error_body};
+use crate::body::{
+    has_error_body_to_read, hold_until_body_ends, read_error_body, settle_at_body_end,
+};
 use crate::charge::Charge;
 use crate::clock::instant_after;
 use crate::engine::{count, Lease, Refused, Slot};
@@ -293,6 +295,15 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// `response`, its charge to be settled from its body once read, with the builder's
+    /// [`settle_from_body`](crate::ThrottleBuilder::settle_from_body) hook.
+    fn settle_from_body(&self, response: Response, charge: Charge) -> Response {
+        match &self.throttle.usage_from_body {
+            Some(hook) => settle_at_body_end(response, charge, hook.clone()),
+            None => response,
+        }
+    }
+
     /// Releases the in-flight slot and waits `after` before the next attempt.
     async fn wait(&mut self, lease: Lease, attempt: Attempt, after: Duration) {
         tracing::debug!(scope = %self.scope.label, attempt = self.facts.retries + 1, wait = ?after, "retrying");
@@ -352,6 +363,7 @@ impl<'a> Call<'a> {
             stopped,
             cooldown: self.cooldown,
         };
+        let response = self.settle_from_body(response, lease.charge());
         Ok(finish(response, Some(lease), info))
     }
 
@@ -375,7 +387,8 @@ impl<'a> Call<'a> {
                 stopped: Some(StopReason::Deadline),
                 cooldown: kept.cooldown,
             };
-            let mut response = finish(kept.response, None, info);
+            let response = self.settle_from_body(kept.response, kept.charge.clone());
+            let mut response = finish(response, None, info);
             response.extensions_mut().insert(kept.charge);
             return Ok(response);
         }

@@ -199,3 +199,23 @@ async fn the_gateways_token_report_counts_what_another_client_used() {
     assert_eq!(gw.stats().responses_429, 0);
     assert_eq!(gw.stats().admitted, 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_body_hook_settles_the_gateways_usage_as_the_caller_reads_it() {
+    let gw = Gateway::start(config(1_000, 0.25, HeaderStyle::OpenAi)).unwrap();
+    let url = format!("{}/v1/chat", gw.url());
+    let throttle = Throttle::builder()
+        .token_window(1_000, WINDOW)
+        .settle_from_body(4096, |body| {
+            let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+            u32::try_from(json["usage"]["total_tokens"].as_u64()?).ok()
+        })
+        .build()
+        .unwrap();
+    // The caller reads each body (for its usage) but settles nothing itself.
+    let answered = run(&throttled(&throttle), &url, 8, false).await;
+    let service = gw.config().service_time;
+    assert!(answered[6] < service * 8, "{answered:?}");
+    assert!(answered[7] > WINDOW, "{answered:?}");
+    assert_eq!(gw.stats().responses_429, 0);
+}

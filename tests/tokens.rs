@@ -141,3 +141,50 @@ async fn a_plain_sliding_window_is_not_lowered_by_a_token_report() {
     }
     assert_eq!(server.sent_at(t0), [Duration::ZERO; 3]);
 }
+
+/// A hook reading `usage.total_tokens` from a JSON body.
+fn usage(body: &[u8]) -> Option<u32> {
+    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    u32::try_from(json["usage"]["total_tokens"].as_u64()?).ok()
+}
+
+const USAGE_10: &str = r#"{"id":"x","usage":{"total_tokens":10}}"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_body_hook_settles_once_the_caller_has_read_the_whole_body_unchanged() {
+    let server = FakeServer::new(|_, _| json(200, &[], USAGE_10));
+    let throttle = tokens(100).settle_from_body(1024, usage).build().unwrap();
+    let client = server.client(&throttle);
+    let t0 = Instant::now();
+    let r = send(&client, 60).await;
+    assert_eq!(r.content_length(), Some(USAGE_10.len() as u64));
+    // The caller reads the body, whole and once.
+    assert_eq!(r.bytes().await.unwrap(), USAGE_10.as_bytes());
+    // Settled at 10: 90 fit at once.
+    send(&client, 90).await;
+    send(&client, 1).await;
+    assert_eq!(server.sent_at(t0), [Duration::ZERO, Duration::ZERO, WINDOW]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_dropped_unread_or_longer_than_the_bound_settles_nothing() {
+    let server = FakeServer::new(|_, _| json(200, &[], USAGE_10));
+    for max_bytes in [1024, 8] {
+        let throttle = tokens(100)
+            .settle_from_body(max_bytes, usage)
+            .build()
+            .unwrap();
+        let client = server.client(&throttle);
+        server.forget();
+        let t0 = Instant::now();
+        let r = send(&client, 60).await;
+        if max_bytes == 8 {
+            // Read whole, but past the bound: the hook is not called.
+            assert_eq!(r.bytes().await.unwrap(), USAGE_10.as_bytes());
+        } else {
+            drop(r);
+        }
+        send(&client, 90).await;
+        assert_eq!(server.sent_at(t0), [Duration::ZERO, WINDOW], "{max_bytes}");
+    }
+}
