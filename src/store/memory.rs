@@ -47,7 +47,7 @@ struct State {
 struct Charge {
     lease: u64,
     at: Instant,
-    /// The estimate charged; `None` once settled with an actual cost.
+    /// The estimate charged; `None` once settled with an actual cost (settled for good).
     cost: Option<u32>,
 }
 
@@ -96,15 +96,12 @@ impl State {
         self.forget_charges(now);
         let found = self.charges.binary_search_by_key(&lease.0, |c| c.lease);
         let charge = found.ok().map(|i| &mut self.charges[i]);
-        let sent = charge.and_then(|c| {
-            let cost = c.cost?;
-            if settlement.actual.is_some() {
-                // Settled for good.
-                c.cost = None;
-            }
-            Some((c.at, cost))
-        });
-        self.quotas.settle(sent, settlement, now);
+        let (at, estimate) = match charge {
+            Some(c) if settlement.actual.is_some() => (Some(c.at), c.cost.take()),
+            Some(c) => (Some(c.at), c.cost),
+            None => (None, None),
+        };
+        self.quotas.settle(at, estimate, settlement, now);
     }
 }
 

@@ -360,8 +360,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Settles the charge made when `lease` was admitted, with what its answer says
     /// ([`Settlement`]). May come after the lease is released (a body read to its end). A
     /// charge settled with an `actual` cost is settled for good: settling it again changes
-    /// nothing. A charge whose send has left every window, or that the store no longer knows,
-    /// changes nothing either (but `tokens_remaining` is still applied, at the present time).
+    /// nothing. A charge whose send has left every window, that the store no longer knows, or
+    /// of an admission that charged no quota (cost 0) changes nothing either; for those
+    /// `tokens_remaining` is still applied, at the present time rather than at the send's place.
     ///
     /// Rules (the conformance suite checks them):
     /// - a window is charged or refunded at the place of the original send, so the difference

@@ -114,15 +114,17 @@ impl Quotas {
         windows.chain(buckets).max().unwrap_or_default()
     }
 
-    /// Settles a send of `estimate` units made at `sent` (`None`: not known any more) with
-    /// `settlement`, at `now`; see [`Store::settle`](super::Store::settle) for the rules.
+    /// Settles a send made at `sent` (`None`: not known) of `estimate` units (`None`: already
+    /// settled, or not known) with `settlement`, at `now`; see
+    /// [`Store::settle`](super::Store::settle) for the rules.
     pub(crate) fn settle(
         &mut self,
-        sent: Option<(Instant, u32)>,
+        sent: Option<Instant>,
+        estimate: Option<u32>,
         settlement: Settlement,
         now: Instant,
     ) {
-        if let (Some((at, estimate)), Some(actual)) = (sent, settlement.actual) {
+        if let (Some(at), Some(estimate), Some(actual)) = (sent, estimate, settlement.actual) {
             for w in self.windows.iter_mut().filter(|w| w.unit().counts_cost()) {
                 if actual < estimate {
                     w.refund(at, estimate - actual, now);
@@ -141,7 +143,7 @@ impl Quotas {
             let local = w.remaining(now);
             let over = u64::from(local).saturating_sub(server);
             // At the send's place while it is counted, else now.
-            let at = sent.map(|(at, _)| at).filter(|&at| w.counts(at, now));
+            let at = sent.filter(|&at| w.counts(at, now));
             // `over <= local`, a u32.
             w.charge_at(at.unwrap_or(now), over as u32, now);
         }

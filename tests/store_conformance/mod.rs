@@ -78,6 +78,7 @@ macro_rules! store_conformance {
             prop_in_flight_cap_resized_window_fixed,
             prop_window_limit_and_in_flight_cap_resized,
             prop_admit_futures_dropped_unpolled,
+            prop_settle_matches_the_window_model,
         );
     };
     (@async $make:expr; $($check:ident),* $(,)?) => {
@@ -1543,4 +1544,208 @@ pub async fn run_case<S: Store>(store: &S, case: &Case) {
         }
     }
     release_all(store, &scope, model.held);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. Settling against a model of one token window: admissions, settlements with a true cost,
+// reports of tokens remaining and time, every answer compared exactly.
+
+/// The token window of the settle property: 20 units per second, no guard.
+const SETTLE_LIMIT: u32 = 20;
+const SETTLE_SPAN: Duration = ms(1_000);
+
+/// One step of a settle case.
+#[derive(Debug, Clone)]
+pub enum SettleOp {
+    /// Admit a request of this cost (released at once: no in-flight cap).
+    Admit(u32),
+    /// Settle the charge of an admitted request (chosen by index) with this true cost.
+    Settle(Index, u32),
+    /// The server reports this many tokens remaining after an admitted request's answer.
+    Remaining(Index, u64),
+    /// Let this many milliseconds pass.
+    Advance(u64),
+}
+
+/// A model of the token window by the rules of `Store::settle`: a log of (instant, units)
+/// entries, one per instant, and the charges of the admissions.
+#[derive(Debug, Default)]
+struct WindowModel {
+    log: Vec<(Instant, u32)>,
+    /// (lease, sent at, estimate, settled).
+    charges: Vec<(LeaseId, Instant, u32, bool)>,
+}
+
+impl WindowModel {
+    fn expire(&mut self, now: Instant) {
+        self.log.retain(|&(at, _)| at + SETTLE_SPAN > now);
+    }
+
+    fn used(&mut self, now: Instant) -> u32 {
+        self.expire(now);
+        self.log.iter().map(|e| e.1).sum()
+    }
+
+    /// Adds `units` at `at` (cut to the room left), when `at` is still counted.
+    fn add_at(&mut self, at: Instant, units: u32, now: Instant) {
+        let units = units.min(SETTLE_LIMIT - self.used(now));
+        if units == 0 || at + SETTLE_SPAN <= now {
+            return;
+        }
+        match self.log.iter_mut().find(|e| e.0 == at) {
+            Some(entry) => entry.1 += units,
+            None => {
+                self.log.push((at, units));
+                self.log.sort_by_key(|e| e.0);
+            }
+        }
+    }
+
+    fn admit(&mut self, cost: u32, now: Instant) -> Result<(), Duration> {
+        let over = (self.used(now) + cost).saturating_sub(SETTLE_LIMIT);
+        if over == 0 {
+            if cost > 0 {
+                self.add_at(now, cost, now);
+            }
+            return Ok(());
+        }
+        let mut freed = 0;
+        for &(at, units) in &self.log {
+            freed += units;
+            if freed >= over {
+                return Err(at + SETTLE_SPAN - now);
+            }
+        }
+        unreachable!("a cost within the limit always fits once the log is gone")
+    }
+
+    fn settle(&mut self, i: usize, actual: u32, now: Instant) {
+        let (_, at, estimate, settled) = self.charges[i];
+        // An admission of cost 0 charged nothing: there is nothing to settle.
+        if settled || estimate == 0 {
+            return;
+        }
+        self.charges[i].3 = true;
+        self.expire(now);
+        if actual >= estimate {
+            self.add_at(at, actual - estimate, now);
+        } else if let Some(pos) = self.log.iter().position(|e| e.0 == at) {
+            let back = (estimate - actual).min(self.log[pos].1);
+            self.log[pos].1 -= back;
+            if self.log[pos].1 == 0 {
+                self.log.remove(pos);
+            }
+        }
+    }
+
+    fn remaining(&mut self, i: usize, server: u64, now: Instant) {
+        let local = SETTLE_LIMIT - self.used(now);
+        let over = u64::from(local).saturating_sub(server) as u32;
+        // An admission of cost 0 charged nothing: the store need not know it.
+        let (_, at, estimate, _) = self.charges[i];
+        let at = if at + SETTLE_SPAN > now && estimate > 0 {
+            at
+        } else {
+            now
+        };
+        self.add_at(at, over, now);
+    }
+}
+
+/// Cases of the settle property.
+pub fn settle_cases() -> impl Strategy<Value = Vec<SettleOp>> {
+    let ops = Union::new_weighted(vec![
+        (5, (0u32..=12).prop_map(SettleOp::Admit).boxed()),
+        (
+            4,
+            (any::<Index>(), 0u32..=30)
+                .prop_map(|(i, a)| SettleOp::Settle(i, a))
+                .boxed(),
+        ),
+        (
+            2,
+            (any::<Index>(), 0u64..=25)
+                .prop_map(|(i, r)| SettleOp::Remaining(i, r))
+                .boxed(),
+        ),
+        (3, (0u64..=700).prop_map(SettleOp::Advance).boxed()),
+    ]);
+    prop::collection::vec(ops, 1..60)
+}
+
+/// Runs one settle case against `store` and the model.
+pub async fn run_settle_case<S: Store>(store: &S, ops: &[SettleOp]) {
+    let window = window(SETTLE_LIMIT, SETTLE_SPAN, Duration::ZERO).with_unit(Unit::Tokens);
+    let scope = open(store, &Limits::new().with_window(window));
+    let mut model = WindowModel::default();
+    for (step, op) in ops.iter().enumerate() {
+        let now = Instant::now();
+        match *op {
+            SettleOp::Admit(cost) => {
+                let want = model.admit(cost, now);
+                match (admit(store, &scope, cost).await, want) {
+                    (Admission::Admitted(lease), Ok(())) => {
+                        store.release(&scope, lease);
+                        model.charges.push((lease, now, cost, false));
+                    }
+                    (Admission::NotBefore(got), Err(wait)) => {
+                        assert_eq!(got, wait, "step {step} {op:?}: {ops:?}")
+                    }
+                    (got, want) => panic!("step {step} {op:?}: got {got:?}, model {want:?}"),
+                }
+            }
+            SettleOp::Settle(i, actual) if !model.charges.is_empty() => {
+                let i = i.index(model.charges.len());
+                settle(
+                    store,
+                    &scope,
+                    model.charges[i].0,
+                    Settlement::actual(actual),
+                )
+                .await;
+                model.settle(i, actual, now);
+            }
+            SettleOp::Remaining(i, server) if !model.charges.is_empty() => {
+                let i = i.index(model.charges.len());
+                let lease = model.charges[i].0;
+                settle(store, &scope, lease, Settlement::tokens_remaining(server)).await;
+                model.remaining(i, server, now);
+            }
+            SettleOp::Settle(..) | SettleOp::Remaining(..) => {}
+            SettleOp::Advance(n) => advance(ms(n)).await,
+        }
+        assert!(model.used(Instant::now()) <= SETTLE_LIMIT);
+    }
+}
+
+/// Random admissions, settlements, reports of tokens remaining and waits on one token window:
+/// every admission answer is the model's (which never counts past the limit nor refunds more
+/// than a charge).
+pub fn prop_settle_matches_the_window_model<S, F, Fut>(make: F)
+where
+    S: Store,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    let config = ProptestConfig {
+        cases: 128,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let result = runner.run(&settle_cases(), |ops| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a tokio runtime");
+        rt.block_on(async {
+            let store = make().await;
+            run_settle_case(&store, &ops).await;
+        });
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("settle against the window model: {e}");
+    }
 }
