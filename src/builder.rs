@@ -352,7 +352,9 @@ impl ThrottleBuilder {
     /// caller; the throttle keeps a copy of up to `max_bytes` bytes of it and calls `f` on the
     /// copy when the body reaches its end. A longer body, one that fails or one dropped
     /// before its end settles nothing (the estimate stands); so does `f` returning `None`.
-    /// Applies to the response returned (not to attempts that were retried).
+    /// Applies to the response returned (not to attempts that were retried). A charge settles
+    /// once: with [`settle_from_headers`](Self::settle_from_headers) too, a figure the headers
+    /// gave stands and the body's is ignored.
     ///
     /// ```
     /// use reqwest_throttle::Throttle;
