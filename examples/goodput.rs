@@ -8,6 +8,11 @@
 //! cargo run --release --example goodput -- --target nginx -n 300 --runs 3
 //! ```
 //!
+//! Each run also draws an SVG (`--svg DIR`, default `target/goodput`; `--no-svg` for none):
+//! requests answered per second over time for each client against the server's rate limit,
+//! and requests in flight over time against its parallel cap
+//! (`goodput-TARGET-runN.svg`; docs/goodput.svg is one).
+//!
 //! Clients, each with a fresh `Authorization` key (the servers count per key, so every run
 //! starts from empty limits):
 //! 1. `plain`: a `reqwest-middleware` client, no limiter;
@@ -25,6 +30,9 @@
 
 #[path = "../benches/nginx/upstream.rs"]
 mod upstream;
+
+#[path = "goodput/plot.rs"]
+mod plot;
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -46,7 +54,7 @@ use upstream::{
 
 const USAGE: &str = "usage: goodput [--json] [--target gateway|nginx|both] [-n REQUESTS] \
                      [--agents N] [--runs K] [--clients plain,retry,careful,throttle,learned] \
-                     [--nginx-burst B]";
+                     [--nginx-burst B] [--svg DIR | --no-svg]";
 
 const CLIENTS: [&str; 5] = ["plain", "retry", "careful", "throttle", "learned"];
 
@@ -61,6 +69,8 @@ struct Args {
     clients: Vec<&'static str>,
     /// The burst of the throttle's token bucket against nginx (default: nginx's `burst`).
     nginx_burst: u32,
+    /// Where each run's SVG goes, if anywhere.
+    svg: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -73,6 +83,7 @@ fn parse_args() -> Result<Args, String> {
         runs: 1,
         clients: CLIENTS.to_vec(),
         nginx_burst: NGINX_BURST,
+        svg: Some("target/goodput".into()),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -90,6 +101,8 @@ fn parse_args() -> Result<Args, String> {
             "--agents" => a.agents = number(value()?)?.max(1) as usize,
             "--runs" => a.runs = number(value()?)?.max(1) as usize,
             "--nginx-burst" => a.nginx_burst = number(value()?)?.max(1) as u32,
+            "--svg" => a.svg = Some(value()?.into()),
+            "--no-svg" => a.svg = None,
             "--clients" => {
                 let v = value()?;
                 a.clients = Vec::new();
@@ -115,6 +128,10 @@ struct Server<'a> {
     throttle: ThrottleBuilder,
     /// The careful client's governor quota.
     governor: Quota,
+    /// Requests per second the server admits in the long run, and the span it counts them
+    /// over, for the pictures.
+    rate_per_s: f64,
+    rate_window: Duration,
     min_s: f64,
     counts: Counts<'a>,
 }
@@ -146,6 +163,7 @@ impl Counts<'_> {
 struct Counter {
     attempts: AtomicU64,
     responses_429: AtomicU64,
+    timeline: plot::Timeline,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -160,9 +178,15 @@ impl Middleware for Counting {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         self.0.attempts.fetch_add(1, Ordering::Relaxed);
+        let in_flight = &self.0.timeline.in_flight;
+        in_flight.fetch_add(1, Ordering::Relaxed);
         let r = next.run(req, extensions).await;
         if matches!(&r, Ok(r) if r.status() == 429) {
             self.0.responses_429.fetch_add(1, Ordering::Relaxed);
+        }
+        // A 200 stays in flight until its body is read (the agent counts it out then).
+        if !matches!(&r, Ok(r) if r.status() == 200) {
+            in_flight.fetch_sub(1, Ordering::Relaxed);
         }
         r
     }
@@ -204,6 +228,7 @@ struct Run {
     failures: usize,
     peak_parallel: u32,
     limit_parallel: u32,
+    samples: plot::Samples,
 }
 
 impl Run {
@@ -274,15 +299,26 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
     let failures = Arc::new(AtomicUsize::new(0));
     let n = args.requests;
     let started = Instant::now();
+    let sampler = {
+        let counter = counter.0.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(plot::SAMPLE_EVERY);
+            loop {
+                tick.tick().await;
+                counter.timeline.sample(started, Instant::now());
+            }
+        })
+    };
     let agents: Vec<_> = (0..args.agents)
         .map(|_| {
-            let (client, next, failures, key, base, semaphore) = (
+            let (client, next, failures, key, base, semaphore, counter) = (
                 client.clone(),
                 next.clone(),
                 failures.clone(),
                 key.clone(),
                 server.base.clone(),
                 semaphore.clone(),
+                counter.0.clone(),
             );
             tokio::spawn(async move {
                 loop {
@@ -305,7 +341,11 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
                         Ok(r) => {
                             let success = r.status() == 200;
                             // Read to the end: a body in progress still holds its slot.
-                            r.bytes().await.is_ok() && success
+                            let read = r.bytes().await.is_ok();
+                            if success {
+                                counter.timeline.body_done(started, Instant::now(), read);
+                            }
+                            read && success
                         }
                         Err(_) => false,
                     };
@@ -320,6 +360,8 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
         agent.await.expect("agent task panicked");
     }
     let wall_s = started.elapsed().as_secs_f64();
+    sampler.abort();
+    counter.0.timeline.sample(started, Instant::now());
     let name = match client_name {
         "plain" => "plain reqwest-middleware",
         "retry" => "reqwest-retry (default backoff)",
@@ -338,6 +380,7 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
         failures: failures.load(Ordering::Relaxed),
         peak_parallel: server.counts.peak(),
         limit_parallel: server.parallel,
+        samples: counter.0.timeline.samples(),
     }
 }
 
@@ -365,6 +408,8 @@ fn gateway_server(gateway: &Gateway, n_req: usize) -> Server<'_> {
         governor: Quota::with_period(g.window / limit)
             .expect("a non-zero period")
             .allow_burst(NonZeroU32::new(limit).expect("a gateway limit is not zero")),
+        rate_per_s: f64::from(limit) / g.window.as_secs_f64(),
+        rate_window: g.window,
         min_s: g
             .least_time(n_req - streams, streams, n_req % 5 == 0)
             .as_secs_f64(),
@@ -390,6 +435,8 @@ fn nginx_server(upstream: &Upstream, n_req: usize, throttle_burst: u32) -> Serve
         parallel: NGINX_PARALLEL,
         throttle,
         governor: Quota::per_second(rate).allow_burst(burst),
+        rate_per_s: f64::from(NGINX_RATE_PER_S),
+        rate_window: Duration::from_secs(1),
         min_s: (paced / f64::from(NGINX_RATE_PER_S) + last).max(busy / f64::from(NGINX_PARALLEL)),
         counts: Counts::Upstream(upstream),
     }
@@ -430,6 +477,7 @@ fn print_table(runs: &[Run], args: &Args) {
             failures: of(|r| r.failures as f64) as usize,
             peak_parallel: these.iter().map(|r| r.peak_parallel).max().unwrap_or(0),
             limit_parallel: these[0].limit_parallel,
+            samples: plot::Samples::default(),
         });
     }
     if args.json {
@@ -462,8 +510,40 @@ fn print_table(runs: &[Run], args: &Args) {
     }
 }
 
+/// Draws the runs of round `run` (one per client) against `server` into `dir`.
+fn draw_round(dir: &std::path::Path, server: &Server<'_>, run: usize, round: &[Run], args: &Args) {
+    let path = dir.join(format!("goodput-{}-run{}.svg", server.name, run + 1));
+    let limits = plot::Limits {
+        title: format!(
+            "{}: {} requests from {} tasks (run {})",
+            server.name,
+            args.requests,
+            args.agents,
+            run + 1
+        ),
+        rate_per_s: server.rate_per_s,
+        rate_window_s: server.rate_window.as_secs_f64(),
+        parallel: server.parallel,
+    };
+    let lines: Vec<_> = round
+        .iter()
+        .map(|r| plot::Line {
+            client: r.client,
+            samples: &r.samples,
+        })
+        .collect();
+    let drawn = std::fs::create_dir_all(dir)
+        .map_err(Into::into)
+        .and_then(|()| plot::draw(&path, &limits, &lines));
+    match drawn {
+        Ok(()) => eprintln!("wrote {}", path.display()),
+        Err(e) => eprintln!("{}: not drawn: {e}", path.display()),
+    }
+}
+
 async fn run_target(server: &Server<'_>, args: &Args, runs: &mut Vec<Run>) {
     for run in 0..args.runs {
+        let first = runs.len();
         for &client in &args.clients {
             let r = run_client(server, client, args).await;
             if args.json {
@@ -483,6 +563,9 @@ async fn run_target(server: &Server<'_>, args: &Args, runs: &mut Vec<Run>) {
                 );
             }
             runs.push(r);
+        }
+        if let Some(dir) = &args.svg {
+            draw_round(dir, server, run, &runs[first..], args);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Response bodies: the permit that rides on a body until it ends, and the short, bounded
 //! read of an error body whose code may change the retry decision.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -9,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use reqwest::ResponseBuilderExt;
 
+use crate::charge::{Charge, UsageFromBody};
 use crate::engine::Lease;
 use crate::headers::{parse_error_body, ErrorBody, MAX_ERROR_BODY};
 
@@ -217,4 +219,97 @@ impl Body for Prefixed {
             (None, _) => SizeHint::default(),
         }
     }
+}
+
+/// Passes a body through unchanged while keeping a copy of its first bytes (up to the hook's
+/// bound); when the body reaches its end, the hook reads the true cost from the copy and the
+/// charge is settled with it. A body dropped, failed or longer than the bound settles nothing
+/// (the estimate stands).
+struct UsageBody {
+    inner: reqwest::Body,
+    /// The bytes so far; `None` once past the bound.
+    seen: Option<BytesMut>,
+    hook: UsageFromBody,
+    /// Until settled.
+    charge: Option<Charge>,
+}
+
+impl Body for UsageBody {
+    type Data = Bytes;
+    type Error = reqwest::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        let this = &mut *self;
+        let ended = match &frame {
+            None => true,
+            Some(Ok(frame)) => {
+                if let (Some(seen), Some(data)) = (this.seen.as_mut(), frame.data_ref()) {
+                    if seen.len() + data.len() > this.hook.max_bytes() {
+                        this.seen = None;
+                    } else {
+                        seen.extend_from_slice(data);
+                    }
+                }
+                this.inner.is_end_stream()
+            }
+            Some(Err(_)) => {
+                this.charge = None;
+                false
+            }
+        };
+        if ended {
+            if let (Some(charge), Some(seen)) = (this.charge.take(), this.seen.take()) {
+                if let Some(actual) = this.hook.read(&seen) {
+                    settle_soon(charge, actual);
+                }
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Settles `charge` with `actual` from inside a body's poll: at once when the store answers at
+/// once (the in-memory store does), else on a spawned task of the current runtime.
+fn settle_soon(charge: Charge, actual: u32) {
+    let mut settle = Box::pin(async move {
+        if let Err(e) = charge.settle(actual).await {
+            tracing::warn!(error = %e, "charge not settled from the body");
+        }
+    });
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    if settle.as_mut().poll(&mut cx).is_pending() {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(settle);
+        }
+    }
+}
+
+/// Wraps `response`'s body so that `charge` is settled with what `hook` reads from the whole
+/// body once the caller has read it to its end; the bytes, status, headers, extensions, URL
+/// and length are kept as they were.
+pub(crate) fn settle_at_body_end(
+    response: reqwest::Response,
+    charge: Charge,
+    hook: UsageFromBody,
+) -> reqwest::Response {
+    let (parts, inner, url) = split(response);
+    let body = UsageBody {
+        inner,
+        seen: Some(BytesMut::new()),
+        hook,
+        charge: Some(charge),
+    };
+    join(parts, reqwest::Body::wrap(body), url)
 }

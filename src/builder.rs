@@ -6,11 +6,12 @@ use std::time::Duration;
 use governor::Quota;
 use http::HeaderName;
 
+use crate::charge::{UsageFromBody, UsageFromHeaders};
 use crate::clock::FAR_FUTURE;
 use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
 use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
-use crate::store::{Backend, Limits, WindowQuota, MAX_TOKEN_BUCKETS};
+use crate::store::{Backend, Limits, Unit, WindowQuota, MAX_TOKEN_BUCKETS};
 use crate::throttle::{Settings, Throttle};
 
 /// Default number of retries after the first attempt.
@@ -50,10 +51,14 @@ pub const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(30);
 /// | [`max_scopes`](Self::max_scopes) | 10,000 | scopes |
 /// | [`scope_idle_ttl`](Self::scope_idle_ttl) | 10 min | seconds |
 /// | [`priority_aging`](Self::priority_aging) | 30 s | seconds |
+/// | [`settle_from_headers`](Self::settle_from_headers) | none | |
+/// | [`settle_from_body`](Self::settle_from_body) | none | bytes |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
     windows: Vec<(u32, Duration)>,
+    /// The unit of each window that does not count the cost, by index.
+    units: Vec<(usize, Unit)>,
     buckets: Vec<Quota>,
     max_in_flight: Option<usize>,
     max_retries: u32,
@@ -70,12 +75,15 @@ pub struct ThrottleBuilder {
     max_scopes: usize,
     scope_idle_ttl: Duration,
     priority_aging: Duration,
+    usage_from_headers: Option<UsageFromHeaders>,
+    usage_from_body: Option<UsageFromBody>,
 }
 
 impl Default for ThrottleBuilder {
     fn default() -> Self {
         Self {
             windows: Vec::new(),
+            units: Vec::new(),
             buckets: Vec::new(),
             max_in_flight: None,
             max_retries: DEFAULT_MAX_RETRIES,
@@ -92,6 +100,8 @@ impl Default for ThrottleBuilder {
             max_scopes: DEFAULT_MAX_SCOPES,
             scope_idle_ttl: DEFAULT_SCOPE_IDLE_TTL,
             priority_aging: DEFAULT_PRIORITY_AGING,
+            usage_from_headers: None,
+            usage_from_body: None,
         }
     }
 }
@@ -305,6 +315,85 @@ impl ThrottleBuilder {
         self
     }
 
+    /// Adds a sliding window that counts requests, whatever their [`Cost`](crate::Cost): at
+    /// most `limit` requests in any `window` (a request of cost 0 is not counted). With
+    /// [`token_window`](Self::token_window) it paces an API that limits both requests and
+    /// tokens per minute, a request's cost being its estimated tokens. Checked by `build` as
+    /// [`sliding_window`](Self::sliding_window) is (its index counts among theirs).
+    pub fn requests_window(self, limit: u32, window: Duration) -> Self {
+        self.window_in(Unit::Requests, limit, window)
+    }
+
+    /// Adds a sliding window of tokens: at most `limit` tokens in any `window`, a request
+    /// taking its [`Cost`](crate::Cost) (its estimated tokens). The charge is settled with
+    /// the true figure by [`Charge::settle`](crate::Charge::settle) or
+    /// [`settle_from_headers`](Self::settle_from_headers), and an answer that reports fewer
+    /// tokens remaining (`x-ratelimit-remaining-tokens`, `anthropic-ratelimit-tokens-remaining`:
+    /// [`Hints::tokens`](crate::Hints::tokens)) than the window has left lowers what it has
+    /// left to that: the server is the judge. Give one token window per scope for the
+    /// allowance the server reports. Checked by `build` as
+    /// [`sliding_window`](Self::sliding_window) is (its index counts among theirs).
+    pub fn token_window(self, limit: u32, window: Duration) -> Self {
+        self.window_in(Unit::Tokens, limit, window)
+    }
+
+    fn window_in(mut self, unit: Unit, limit: u32, window: Duration) -> Self {
+        self.windows.push((limit, window));
+        self.units.push((self.windows.len() - 1, unit));
+        self
+    }
+
+    /// Reads a request's true cost from the headers of its answer (e.g. a gateway's
+    /// `x-usage-total-tokens`) and settles its charge with it, before the response is
+    /// returned, for every answer of every attempt (see [`Charge`](crate::Charge)). `f`
+    /// returns `None` when the headers do not tell: the estimate stands. A figure in the body
+    /// is settled by the caller with the response's [`Charge`](crate::Charge).
+    ///
+    /// # Default
+    /// None: charges stand at their estimate unless the caller settles them.
+    pub fn settle_from_headers(
+        mut self,
+        f: impl Fn(&http::HeaderMap) -> Option<u32> + Send + Sync + 'static,
+    ) -> Self {
+        self.usage_from_headers = Some(UsageFromHeaders::new(f));
+        self
+    }
+
+    /// Reads a request's true cost from the whole body of its answer (e.g. the `usage` of an
+    /// LLM API's JSON) and settles its charge with it (see [`Charge`](crate::Charge)), as the
+    /// caller reads the body: the body passes through unchanged and is read once, by the
+    /// caller; the throttle keeps a copy of up to `max_bytes` bytes of it and calls `f` on the
+    /// copy when the body reaches its end. A longer body, one that fails or one dropped
+    /// before its end settles nothing (the estimate stands); so does `f` returning `None`.
+    /// Applies to the response returned (not to attempts that were retried). A charge settles
+    /// once: with [`settle_from_headers`](Self::settle_from_headers) too, a figure the headers
+    /// gave stands and the body's is ignored.
+    ///
+    /// ```
+    /// use reqwest_throttle::Throttle;
+    ///
+    /// let throttle = Throttle::builder()
+    ///     .token_window(40_000, std::time::Duration::from_secs(60))
+    ///     .settle_from_body(64 * 1024, |body| {
+    ///         let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    ///         u32::try_from(json["usage"]["total_tokens"].as_u64()?).ok()
+    ///     })
+    ///     .build()?;
+    /// # drop(throttle);
+    /// # Ok::<(), reqwest_throttle::BuildError>(())
+    /// ```
+    ///
+    /// # Default
+    /// None: charges stand at their estimate unless the caller settles them.
+    pub fn settle_from_body(
+        mut self,
+        max_bytes: usize,
+        f: impl Fn(&[u8]) -> Option<u32> + Send + Sync + 'static,
+    ) -> Self {
+        self.usage_from_body = Some(UsageFromBody::new(max_bytes, f));
+        self
+    }
+
     /// Every invalid setting, in the order documented on [`BuildError`].
     fn problems(&self) -> Vec<BuildError> {
         let mut problems = Vec::new();
@@ -377,9 +466,15 @@ impl ThrottleBuilder {
         let (base, cap) = self.backoff;
         let mut limits = Limits::new().with_max_in_flight(self.max_in_flight);
         // Zero limits were refused above.
-        for (limit, window) in self.windows.iter().copied() {
+        for (i, (limit, window)) in self.windows.iter().copied().enumerate() {
+            let unit = self
+                .units
+                .iter()
+                .find(|u| u.0 == i)
+                .map_or(Unit::Cost, |u| u.1);
             if let Some(limit) = NonZeroU32::new(limit) {
-                limits = limits.with_window(WindowQuota::new(limit, window, self.window_guard));
+                let quota = WindowQuota::new(limit, window, self.window_guard);
+                limits = limits.with_window(quota.with_unit(unit));
             }
         }
         limits.buckets = self.buckets;
@@ -408,6 +503,8 @@ impl ThrottleBuilder {
                 key_header: self.key_header,
                 deadline: self.deadline,
                 budget: self.budget,
+                usage_from_headers: self.usage_from_headers,
+                usage_from_body: self.usage_from_body,
             },
         ))
     }

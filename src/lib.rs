@@ -47,6 +47,7 @@
 
 mod body;
 mod builder;
+mod charge;
 mod clock;
 mod engine;
 mod error;
@@ -66,6 +67,7 @@ pub use builder::{
     DEFAULT_MAX_SCOPES, DEFAULT_MAX_SERVER_WAIT, DEFAULT_PRIORITY_AGING, DEFAULT_SCOPE_IDLE_TTL,
     DEFAULT_WINDOW_GUARD,
 };
+pub use charge::Charge;
 pub use engine::Scope;
 pub use error::{BuildError, ThrottleError, TransportError};
 pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};

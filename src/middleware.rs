@@ -12,7 +12,10 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
 
-use crate::body::{has_error_body_to_read, hold_until_body_ends, read_error_body};
+use crate::body::{
+    has_error_body_to_read, hold_until_body_ends, read_error_body, settle_at_body_end,
+};
+use crate::charge::Charge;
 use crate::clock::instant_after;
 use crate::engine::{count, Lease, Refused, Slot};
 use crate::error::{ThrottleError, TransportError};
@@ -22,6 +25,7 @@ use crate::policy::{
     cooldown, has_idempotency_key, may_resend_after_failure, Decision, Outcome, RequestFacts,
     StopReason,
 };
+use crate::store::Settlement;
 use crate::sync::lock;
 use crate::throttle::{DefaultStore, Inner, Throttle};
 use crate::transport::is_transient;
@@ -79,11 +83,12 @@ struct Call<'a> {
     cooldown: Option<Duration>,
 }
 
-/// An answer kept through a retry wait, with the cooldown it closed.
+/// An answer kept through a retry wait, with the cooldown it closed and its charge.
 struct Kept {
     response: Response,
     hints: Hints,
     cooldown: Option<Duration>,
+    charge: Charge,
 }
 
 /// What one attempt came to.
@@ -110,6 +115,7 @@ impl Inner {
             call.facts.cloneable = spare.is_some();
             let sent_to = spare.as_ref().map(Request::url);
             let (decision, attempt) = call.judge(result, sent_to).await;
+            call.settle_answer(&lease, &attempt).await;
             match (decision, spare) {
                 (Decision::Retry { after, .. }, Some(spare)) => {
                     call.wait(lease, attempt, after).await;
@@ -270,9 +276,38 @@ impl<'a> Call<'a> {
         decision
     }
 
+    /// Settles the attempt's charge with what its answer says: the true cost read by the
+    /// builder's [`settle_from_headers`](crate::ThrottleBuilder::settle_from_headers) hook,
+    /// and the tokens remaining the server reports.
+    async fn settle_answer(&self, lease: &Lease, attempt: &Attempt) {
+        let Ok((response, hints)) = attempt else {
+            return;
+        };
+        let hook = self.throttle.usage_from_headers.as_ref();
+        let settlement = Settlement {
+            actual: hook.and_then(|h| h.read(response.headers())),
+            tokens_remaining: hints.tokens.and_then(|a| a.remaining),
+        };
+        if settlement != Settlement::default() {
+            if let Err(e) = lease.charge().apply(settlement).await {
+                tracing::warn!(scope = %self.scope.label, error = %e, "charge not settled");
+            }
+        }
+    }
+
+    /// `response`, its charge to be settled from its body once read, with the builder's
+    /// [`settle_from_body`](crate::ThrottleBuilder::settle_from_body) hook.
+    fn settle_from_body(&self, response: Response, charge: Charge) -> Response {
+        match &self.throttle.usage_from_body {
+            Some(hook) => settle_at_body_end(response, charge, hook.clone()),
+            None => response,
+        }
+    }
+
     /// Releases the in-flight slot and waits `after` before the next attempt.
     async fn wait(&mut self, lease: Lease, attempt: Attempt, after: Duration) {
         tracing::debug!(scope = %self.scope.label, attempt = self.facts.retries + 1, wait = ?after, "retrying");
+        let charge = lease.charge();
         // The slot is released before the wait (and the answer too, without a deadline).
         drop(lease);
         // A newer answer replaces the kept one; a transport error does not.
@@ -282,6 +317,7 @@ impl<'a> Call<'a> {
             response,
             hints,
             cooldown,
+            charge,
         });
         self.last = newer.or(self.last.take()).filter(|_| deadline.is_some());
         tokio::time::sleep(after).await;
@@ -327,6 +363,7 @@ impl<'a> Call<'a> {
             stopped,
             cooldown: self.cooldown,
         };
+        let response = self.settle_from_body(response, lease.charge());
         Ok(finish(response, Some(lease), info))
     }
 
@@ -350,7 +387,10 @@ impl<'a> Call<'a> {
                 stopped: Some(StopReason::Deadline),
                 cooldown: kept.cooldown,
             };
-            return Ok(finish(kept.response, None, info));
+            let response = self.settle_from_body(kept.response, kept.charge.clone());
+            let mut response = finish(response, None, info);
+            response.extensions_mut().insert(kept.charge);
+            return Ok(response);
         }
         let last_error = match failed {
             Some(Error::Reqwest(e)) => Some(TransportError::new(e)),
@@ -381,11 +421,15 @@ fn answered_elsewhere(sent_to: &reqwest::Url, response: &Response) -> bool {
 /// permit's scope has an in-flight cap (without one, nothing waits for the body's end: the
 /// response is returned as it came and the request stops counting as in flight now).
 fn finish(response: Response, permit: Option<Lease>, info: ThrottleInfo) -> Response {
+    let charge = permit.as_ref().map(Lease::charge);
     let mut response = match permit {
         Some(lease) if lease.rides_on_body() => hold_until_body_ends(response, Some(lease)),
         _ => response,
     };
     response.extensions_mut().insert(info);
+    if let Some(charge) = charge {
+        response.extensions_mut().insert(charge);
+    }
     response
 }
 

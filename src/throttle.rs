@@ -12,6 +12,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::builder::ThrottleBuilder;
+use crate::charge::{UsageFromBody, UsageFromHeaders};
 use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused, Slot};
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
@@ -38,6 +39,8 @@ pub(crate) struct Inner {
     pub(crate) key_header: Option<HeaderName>,
     pub(crate) deadline: Option<Duration>,
     pub(crate) budget: Option<Mutex<BudgetLedger>>,
+    pub(crate) usage_from_headers: Option<UsageFromHeaders>,
+    pub(crate) usage_from_body: Option<UsageFromBody>,
 }
 
 /// The settings of a throttle beside its engine.
@@ -47,6 +50,8 @@ pub(crate) struct Settings {
     pub(crate) key_header: Option<HeaderName>,
     pub(crate) deadline: Option<Duration>,
     pub(crate) budget: Option<RetryBudget>,
+    pub(crate) usage_from_headers: Option<UsageFromHeaders>,
+    pub(crate) usage_from_body: Option<UsageFromBody>,
 }
 
 /// The right to have one unit of work in flight, from [`Throttle::acquire`]. Dropping it ends
@@ -137,6 +142,8 @@ impl Throttle {
                 key_header: settings.key_header,
                 deadline: settings.deadline,
                 budget: budget.map(|b| Mutex::new(BudgetLedger::new(b, Instant::now()))),
+                usage_from_headers: settings.usage_from_headers,
+                usage_from_body: settings.usage_from_body,
             }),
         }
     }

@@ -319,6 +319,9 @@ async fn stats_endpoint_equals_stats() {
         peak_parallel: 1,
         peak_parallel_attempted: 1,
         max_in_window: 2,
+        refused_tokens: 0,
+        tokens_used: 0,
+        max_tokens_in_window: 0,
     };
     assert_eq!(served, expected);
     assert_eq!(gw.stats(), served);

@@ -1,6 +1,7 @@
 //! One live scope: its store state, its waiter queue, its counters, and admission into it.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,9 +10,10 @@ use tokio::time::{sleep_until, Instant};
 
 use super::queue::{Blocked, Cause, Place, WaitQueue};
 use super::Refused;
+use crate::charge::{Charge, Settle};
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
-use crate::store::{Admission, LeaseId, Limits, ScopeId, Store};
+use crate::store::{Admission, LeaseId, Limits, ScopeId, Settlement, Store, StoreError};
 use crate::sync::lock;
 
 /// Counters of one scope, or of the whole throttle.
@@ -83,7 +85,7 @@ impl<S: Store> SlotConfig<S> {
 }
 
 /// Releases a lease: what a [`Lease`] needs of its slot, whatever the store.
-trait Release: Send + Sync + std::fmt::Debug {
+trait Release: Settle + std::fmt::Debug {
     fn release(&self, lease: LeaseId);
 
     /// Whether the scope caps requests in flight, so that the lease must last until the
@@ -98,9 +100,16 @@ trait Release: Send + Sync + std::fmt::Debug {
 pub(crate) struct Lease {
     slot: Arc<dyn Release>,
     id: LeaseId,
+    cost: u32,
 }
 
 impl Lease {
+    /// The charge this lease's admission made, to settle later (it outlives the lease).
+    pub(crate) fn charge(&self) -> Charge {
+        let scope: Arc<dyn Settle> = self.slot.clone();
+        Charge::new(scope, self.id, self.cost)
+    }
+
     /// Whether this lease must ride on the response body until it ends: only when its scope
     /// caps requests in flight (nothing else waits for the body's end).
     pub(crate) fn rides_on_body(&self) -> bool {
@@ -111,6 +120,16 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.slot.release(self.id);
+    }
+}
+
+impl<S: Store> Settle for Slot<S> {
+    fn settle(
+        &self,
+        lease: LeaseId,
+        settlement: Settlement,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + '_>> {
+        Box::pin(self.store.settle(&self.state, lease, settlement))
     }
 }
 
@@ -340,7 +359,7 @@ impl<S: Store> Slot<S> {
                 count!(self, in_flight, fetch_add);
                 count!(self, sent, fetch_add);
                 let slot: Arc<dyn Release> = self.clone();
-                Ok(Lease { slot, id })
+                Ok(Lease { slot, id, cost })
             }
             Admission::CoolingDown(d) => Err(Blocked::Cooldown(d)),
             Admission::NotBefore(d) => Err(Blocked::Quota(d)),

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::{Admission, LeaseId, Limits, MemoryScope, MemoryStore, ScopeId, Store, StoreError};
+use super::{
+    Admission, LeaseId, Limits, MemoryScope, MemoryStore, ScopeId, Settlement, Store, StoreError,
+};
 
 /// The store of a throttle, for
 /// [`ThrottleBuilder::store`](crate::ThrottleBuilder::store): [`MemoryStore`] (the
@@ -98,6 +100,15 @@ impl Store for Backend {
 
     async fn set_limits(&self, scope: &BackendScope, limits: &Limits) -> Result<(), StoreError> {
         each!(self, scope, |s, sc| s.set_limits(sc, limits).await)
+    }
+
+    async fn settle(
+        &self,
+        scope: &BackendScope,
+        lease: LeaseId,
+        settlement: Settlement,
+    ) -> Result<(), StoreError> {
+        each!(self, scope, |s, sc| s.settle(sc, lease, settlement).await)
     }
 
     fn is_idle(&self, scope: &BackendScope) -> bool {

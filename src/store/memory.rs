@@ -1,12 +1,13 @@
 //! [`MemoryStore`]: the default store, the state of one process.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::quotas::Quotas;
-use super::{Admission, LeaseId, Limits, QuotaName, ScopeId, Store, StoreError};
+use super::{Admission, LeaseId, Limits, QuotaName, ScopeId, Settlement, Store, StoreError};
 use crate::sync::lock;
 
 /// The default [`Store`]: each scope's state in this process's memory, on the tokio clock.
@@ -35,6 +36,19 @@ struct State {
     smallest: Option<QuotaName>,
     quotas: Quotas,
     next_lease: u64,
+    /// The charges of recent admissions, by lease, oldest first, for [`Store::settle`]: kept
+    /// while a quota may still count them ([`Quotas::memory`]), so at most one per unit a
+    /// quota holds.
+    charges: VecDeque<Charge>,
+}
+
+/// One admission's charge, until it is settled or leaves every quota.
+#[derive(Debug, Clone, Copy)]
+struct Charge {
+    lease: u64,
+    at: Instant,
+    /// The estimate charged; `None` once settled with an actual cost (settled for good).
+    cost: Option<u32>,
 }
 
 impl State {
@@ -53,10 +67,41 @@ impl State {
             Ok(()) => {
                 self.in_flight += 1;
                 self.next_lease = self.next_lease.wrapping_add(1);
+                self.forget_charges(now);
+                if self.quotas.counts_cost(cost) {
+                    let (lease, cost) = (self.next_lease, Some(cost));
+                    self.charges.push_back(Charge {
+                        lease,
+                        at: now,
+                        cost,
+                    });
+                }
                 Admission::Admitted(LeaseId(self.next_lease))
             }
             Err(ready) => Admission::NotBefore(ready.saturating_duration_since(now)),
         }
+    }
+}
+
+impl State {
+    /// Drops the charges no quota counts any more.
+    fn forget_charges(&mut self, now: Instant) {
+        let memory = self.quotas.memory();
+        while self.charges.front().is_some_and(|c| c.at + memory <= now) {
+            self.charges.pop_front();
+        }
+    }
+
+    fn settle(&mut self, lease: LeaseId, settlement: Settlement, now: Instant) {
+        self.forget_charges(now);
+        let found = self.charges.binary_search_by_key(&lease.0, |c| c.lease);
+        let charge = found.ok().map(|i| &mut self.charges[i]);
+        let (at, estimate) = match charge {
+            Some(c) if settlement.actual.is_some() => (Some(c.at), c.cost.take()),
+            Some(c) => (Some(c.at), c.cost),
+            None => (None, None),
+        };
+        self.quotas.settle(at, estimate, settlement, now);
     }
 }
 
@@ -72,6 +117,7 @@ impl Store for MemoryStore {
                 smallest: limits.smallest_quota(),
                 quotas: Quotas::new(limits),
                 next_lease: 0,
+                charges: VecDeque::new(),
             }),
         }
     }
@@ -101,6 +147,16 @@ impl Store for MemoryStore {
         state.max_in_flight = limits.max_in_flight;
         state.smallest = limits.smallest_quota();
         state.quotas.resize(limits);
+        Ok(())
+    }
+
+    async fn settle(
+        &self,
+        scope: &MemoryScope,
+        lease: LeaseId,
+        settlement: Settlement,
+    ) -> Result<(), StoreError> {
+        lock(&scope.state).settle(lease, settlement, Instant::now());
         Ok(())
     }
 

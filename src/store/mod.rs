@@ -51,21 +51,99 @@ impl ScopeId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WindowQuota {
-    /// Units (requests, or a request's [`Cost`](crate::Cost)) admitted per window.
+    /// Units (see [`unit`](Self::unit)) admitted per window.
     pub limit: NonZeroU32,
     /// The window's length.
     pub window: Duration,
     /// Extra time a send stays counted past its window.
     pub guard: Duration,
+    /// What one admission of cost `c` takes from this window. Default [`Unit::Cost`].
+    pub unit: Unit,
 }
 
 impl WindowQuota {
-    /// At most `limit` units in any `window`, each send counted for `window + guard`.
+    /// At most `limit` units in any `window`, each send counted for `window + guard`; a
+    /// request takes its cost ([`Unit::Cost`]).
     pub const fn new(limit: NonZeroU32, window: Duration, guard: Duration) -> Self {
         Self {
             limit,
             window,
             guard,
+            unit: Unit::Cost,
+        }
+    }
+
+    /// This window, counting in `unit`.
+    pub const fn with_unit(mut self, unit: Unit) -> Self {
+        self.unit = unit;
+        self
+    }
+}
+
+/// What a sliding window counts. Token buckets always count [`Unit::Cost`].
+///
+/// An API that limits both requests and tokens per minute is paced by two windows over one
+/// request's [`Cost`](crate::Cost) (its estimated tokens): one in [`Unit::Requests`], one in
+/// [`Unit::Tokens`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Unit {
+    /// A request takes its cost. The default.
+    #[default]
+    Cost,
+    /// A request takes 1, whatever its cost (a request of cost 0 takes nothing). A cost never
+    /// exceeds such a window: it is left out of [`Limits::smallest_quota`].
+    Requests,
+    /// A request takes its cost, read as tokens: like [`Unit::Cost`], and also lowered to an
+    /// answer's report of tokens remaining ([`Settlement::tokens_remaining`]).
+    Tokens,
+}
+
+impl Unit {
+    /// What an admission of `cost` takes from a window counting in this unit.
+    pub const fn charge(self, cost: u32) -> u32 {
+        match self {
+            Unit::Requests if cost > 0 => 1,
+            Unit::Requests => 0,
+            Unit::Cost | Unit::Tokens => cost,
+        }
+    }
+
+    /// Whether a window in this unit counts the cost (and is settled).
+    pub const fn counts_cost(self) -> bool {
+        !matches!(self, Unit::Requests)
+    }
+}
+
+/// What an answer says of an admitted request's true cost, given to [`Store::settle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Settlement {
+    /// The request's true cost (e.g. the tokens the answer reports used), in units: each
+    /// window that counts the cost ([`Unit::Cost`], [`Unit::Tokens`]) is charged the
+    /// difference from the estimate (refunded when it is smaller), at the place of the
+    /// original send; a token bucket is only charged more. `None`: the estimate stands.
+    pub actual: Option<u32>,
+    /// Tokens the server says remain (e.g. `x-ratelimit-remaining-tokens`): each
+    /// [`Unit::Tokens`] window whose own remainder (limit − units counted) is larger is
+    /// charged the difference. The server is the judge.
+    pub tokens_remaining: Option<u64>,
+}
+
+impl Settlement {
+    /// The request's true cost was `actual` units.
+    pub const fn actual(actual: u32) -> Self {
+        Self {
+            actual: Some(actual),
+            tokens_remaining: None,
+        }
+    }
+
+    /// The server reports `remaining` tokens left.
+    pub const fn tokens_remaining(remaining: u64) -> Self {
+        Self {
+            actual: None,
+            tokens_remaining: Some(remaining),
         }
     }
 }
@@ -176,7 +254,8 @@ impl Limits {
     /// The quota with the smallest capacity (the first sliding window, then the first token
     /// bucket, among equals), or `None` with no quota: the one a cost too large exceeds.
     pub fn smallest_quota(&self) -> Option<QuotaName> {
-        let w = self.windows.iter().map(|w| QuotaName::SlidingWindow {
+        let w = self.windows.iter().filter(|w| w.unit.counts_cost());
+        let w = w.map(|w| QuotaName::SlidingWindow {
             limit: w.limit.get(),
             window: w.window,
         });
@@ -282,6 +361,31 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         &self,
         scope: &Self::Scope,
         limits: &Limits,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Settles the charge made when `lease` was admitted, with what its answer says
+    /// ([`Settlement`]). May come after the lease is released (a body read to its end). A
+    /// charge settled with an `actual` cost is settled for good: settling it again changes
+    /// nothing. A charge whose send has left every window, that the store no longer knows, or
+    /// of an admission that charged no quota (cost 0) changes nothing either; for those
+    /// `tokens_remaining` is still applied, at the present time rather than at the send's place.
+    ///
+    /// Rules (the conformance suite checks them):
+    /// - a window is charged or refunded at the place of the original send, so the difference
+    ///   leaves the window when that send does;
+    /// - a refund is never larger than the charge (the estimate), nor than what the window
+    ///   still counts of it;
+    /// - an extra charge never takes a window past its limit (it is cut to the room left);
+    /// - a token bucket is only charged more, never refunded (it keeps no record of when
+    ///   cells were taken), and never past empty.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot answer.
+    fn settle(
+        &self,
+        scope: &Self::Scope,
+        lease: LeaseId,
+        settlement: Settlement,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Whether the scope's state is what a fresh scope's would be (no lease held, cooldown open,

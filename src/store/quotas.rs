@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::sliding_window::SlidingWindow;
 use super::token_bucket::TokenBucket;
-use super::Limits;
+use super::{Limits, Settlement, Unit};
 
 /// The most token buckets one scope may have.
 pub(crate) const MAX_TOKEN_BUCKETS: usize = 64;
@@ -75,7 +75,7 @@ impl Quotas {
         let ready = self
             .windows
             .iter_mut()
-            .map(|w| w.ready_at(cost, now))
+            .map(|w| w.ready_at(w.charge(cost), now))
             .max()
             .unwrap_or(now);
         if ready > now {
@@ -91,9 +91,62 @@ impl Quotas {
             }
         }
         for w in &mut self.windows {
-            w.record(cost, now);
+            w.record(w.charge(cost), now);
         }
         Ok(())
+    }
+
+    /// Whether an admission of `cost` is worth remembering for a later settlement: some
+    /// quota counts the cost.
+    pub(crate) fn counts_cost(&self, cost: u32) -> bool {
+        cost > 0
+            && (!self.buckets.is_empty() || self.windows.iter().any(|w| w.unit().counts_cost()))
+    }
+
+    /// How long a send is worth remembering for a settlement: the longest window (guard
+    /// included) or bucket refill time.
+    pub(crate) fn memory(&self) -> std::time::Duration {
+        let windows = self.windows.iter().map(SlidingWindow::span);
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|b| b.quota().burst_size_replenished_in());
+        windows.chain(buckets).max().unwrap_or_default()
+    }
+
+    /// Settles a send made at `sent` (`None`: not known) of `estimate` units (`None`: already
+    /// settled, or not known) with `settlement`, at `now`; see
+    /// [`Store::settle`](super::Store::settle) for the rules.
+    pub(crate) fn settle(
+        &mut self,
+        sent: Option<Instant>,
+        estimate: Option<u32>,
+        settlement: Settlement,
+        now: Instant,
+    ) {
+        if let (Some(at), Some(estimate), Some(actual)) = (sent, estimate, settlement.actual) {
+            for w in self.windows.iter_mut().filter(|w| w.unit().counts_cost()) {
+                if actual < estimate {
+                    w.refund(at, estimate - actual, now);
+                } else {
+                    w.charge_at(at, actual - estimate, now);
+                }
+            }
+            for b in &mut self.buckets {
+                b.take_up_to(actual.saturating_sub(estimate), now);
+            }
+        }
+        let Some(server) = settlement.tokens_remaining else {
+            return;
+        };
+        for w in self.windows.iter_mut().filter(|w| w.unit() == Unit::Tokens) {
+            let local = w.remaining(now);
+            let over = u64::from(local).saturating_sub(server);
+            // At the send's place while it is counted, else now.
+            let at = sent.filter(|&at| w.counts(at, now));
+            // `over <= local`, a u32.
+            w.charge_at(at.unwrap_or(now), over as u32, now);
+        }
     }
 }
 

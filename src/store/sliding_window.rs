@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::WindowQuota;
+use super::{Unit, WindowQuota};
 
 /// At most `limit` units sent in any window of length `window`, counted exactly.
 ///
@@ -23,6 +23,7 @@ pub(crate) struct SlidingWindow {
     span: Duration,
     log: VecDeque<(Instant, u32)>,
     used: u32,
+    unit: Unit,
 }
 
 impl SlidingWindow {
@@ -31,13 +32,29 @@ impl SlidingWindow {
     pub(crate) fn new(quota: &WindowQuota) -> Self {
         Self {
             limit: quota.limit,
-            span: Self::span(quota),
+            span: Self::span_of(quota),
             log: VecDeque::new(),
             used: 0,
+            unit: quota.unit,
         }
     }
 
-    fn span(quota: &WindowQuota) -> Duration {
+    /// What the window counts.
+    pub(crate) fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// What an admission of `cost` takes from this window.
+    pub(crate) fn charge(&self, cost: u32) -> u32 {
+        self.unit.charge(cost)
+    }
+
+    /// How long a send stays counted: `window + guard`.
+    pub(crate) fn span(&self) -> Duration {
+        self.span
+    }
+
+    fn span_of(quota: &WindowQuota) -> Duration {
         quota
             .window
             .saturating_add(quota.guard)
@@ -48,7 +65,8 @@ impl SlidingWindow {
     /// nothing until enough sends have left the window.
     pub(crate) fn resize(&mut self, quota: &WindowQuota) {
         self.limit = quota.limit;
-        self.span = Self::span(quota);
+        self.span = Self::span_of(quota);
+        self.unit = quota.unit;
     }
 
     fn expire(&mut self, now: Instant) {
@@ -98,6 +116,57 @@ impl SlidingWindow {
     pub(crate) fn used(&mut self, now: Instant) -> u32 {
         self.expire(now);
         self.used
+    }
+
+    /// Units that may still be sent at `now`: the limit less what is counted (0 when a shrunk
+    /// limit is below it).
+    pub(crate) fn remaining(&mut self, now: Instant) -> u32 {
+        self.limit.get().saturating_sub(self.used(now))
+    }
+
+    /// Whether a send made at `at` is still counted at `now`.
+    pub(crate) fn counts(&self, at: Instant, now: Instant) -> bool {
+        at + self.span > now
+    }
+
+    /// The index of the log entry made at `at`, or where it would go.
+    fn place(&self, at: Instant) -> Result<usize, usize> {
+        self.log.binary_search_by(|&(t, _)| t.cmp(&at))
+    }
+
+    /// Takes back up to `units` from the send made at `at` (never more than its entry still
+    /// counts: a send that has left the window gives nothing back); returns the units taken
+    /// back.
+    pub(crate) fn refund(&mut self, at: Instant, units: u32, now: Instant) -> u32 {
+        self.expire(now);
+        let Ok(i) = self.place(at) else {
+            return 0;
+        };
+        let entry = &mut self.log[i].1;
+        let back = units.min(*entry);
+        *entry -= back;
+        self.used -= back;
+        if *entry == 0 {
+            self.log.remove(i);
+        }
+        back
+    }
+
+    /// Adds up to `units` at the place of a send made at `at`, cut to the room left under the
+    /// limit at `now` (so the window never counts more than its limit); nothing when that
+    /// send has left the window. Returns the units added.
+    pub(crate) fn charge_at(&mut self, at: Instant, units: u32, now: Instant) -> u32 {
+        let room = self.remaining(now);
+        let units = units.min(room);
+        if units == 0 || !self.counts(at, now) || at > now {
+            return 0;
+        }
+        match self.place(at) {
+            Ok(i) => self.log[i].1 += units,
+            Err(i) => self.log.insert(i, (at, units)),
+        }
+        self.used += units;
+        units
     }
 }
 
@@ -175,6 +244,48 @@ mod tests {
         assert_eq!(w.ready_at(1, t0), t0);
         assert_eq!(w.ready_at(u32::MAX, t0), t0 + Duration::from_secs(60));
         assert_eq!(w.used(t0), u32::MAX - 1);
+    }
+
+    #[test]
+    fn refunds_come_from_the_send_and_never_exceed_it() {
+        let t0 = Instant::now();
+        let mut w = window(10, 60);
+        w.record(4, t0);
+        let t1 = t0 + Duration::from_secs(1);
+        w.record(3, t1);
+        assert_eq!(w.refund(t0, 2, t1), 2);
+        assert_eq!(w.used(t1), 5);
+        // Only 2 of the first send are left to give back.
+        assert_eq!(w.refund(t0, 9, t1), 2);
+        assert_eq!(w.used(t1), 3);
+        // The refunded units left with their send: the send at 1 s now holds the window.
+        assert_eq!(w.ready_at(10, t1), t1 + Duration::from_secs(60));
+        // A send that has left the window gives nothing back.
+        let late = t1 + Duration::from_secs(60);
+        assert_eq!(w.refund(t1, 1, late), 0);
+        assert_eq!(w.used(late), 0);
+    }
+
+    #[test]
+    fn charges_at_a_place_are_cut_to_the_limit_and_leave_with_the_send() {
+        let t0 = Instant::now();
+        let mut w = window(10, 60);
+        w.record(2, t0);
+        let t1 = t0 + Duration::from_secs(30);
+        w.record(2, t1);
+        assert_eq!(w.charge_at(t0, 50, t1), 6);
+        assert_eq!(w.used(t1), 10);
+        assert_eq!(w.charge_at(t1, 1, t1), 0);
+        // The 8 units at 0 s leave at 60 s.
+        assert_eq!(w.ready_at(8, t1), t0 + Duration::from_secs(60));
+        let t2 = t0 + Duration::from_secs(60);
+        assert_eq!(w.used(t2), 2);
+        // A send that has left the window takes nothing more.
+        assert_eq!(w.charge_at(t0, 3, t2), 0);
+        // A place with no entry (its send merged away or refunded) gets one, in order.
+        let t3 = t0 + Duration::from_secs(45);
+        assert_eq!(w.charge_at(t3, 3, t2), 3);
+        assert_eq!(w.ready_at(8, t2), t3 + Duration::from_secs(60));
     }
 
     #[test]

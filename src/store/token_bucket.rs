@@ -168,6 +168,23 @@ impl TokenBucket {
         }
     }
 
+    /// Takes up to `cells` more cells at `now`, as many as the bucket holds (never past
+    /// empty, its latency guard kept in hand); returns the cells taken. A bucket is never
+    /// given cells back: it keeps no record of when they were taken.
+    pub(crate) fn take_up_to(&mut self, cells: u32, now: Instant) -> u32 {
+        // The most that fits, found by halving: a refused check charges nothing.
+        let (mut taken, mut want) = (0u32, cells.min(self.quota.burst_size().get()));
+        while let Some(n) = NonZeroU32::new(want) {
+            if self.try_take(n, now).is_ok() {
+                taken += want;
+                want = want.min(cells - taken);
+            } else {
+                want /= 2;
+            }
+        }
+        taken
+    }
+
     #[cfg(test)]
     fn now(&self) -> Instant {
         self.clock.instant_of(self.clock.now())
@@ -223,6 +240,22 @@ mod tests {
         assert_eq!(
             bucket.try_take(one(), Instant::now()),
             Err(t + Duration::from_millis(250))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn take_up_to_stops_at_empty() {
+        // 10 per second, burst 10.
+        let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
+        let mut bucket = TokenBucket::new(quota, Duration::ZERO);
+        let now = Instant::now();
+        assert_eq!(bucket.take_up_to(3, now), 3);
+        assert_eq!(bucket.take_up_to(100, now), 7);
+        assert_eq!(bucket.take_up_to(1, now), 0);
+        let t = bucket.now();
+        assert_eq!(
+            bucket.try_take(one(), now),
+            Err(t + Duration::from_millis(100))
         );
     }
 

@@ -44,6 +44,28 @@ pub struct GatewayConfig {
     /// Pause before each chunk of a `/v1/stream` answer (the first one included).
     /// Default: 20 ms.
     pub stream_chunk_interval: Duration,
+    /// Tokens one user may use within any span of [`window`](Self::window), in tokens;
+    /// `None`: no token limit. Default: `None`. See the [module docs](super) for how a
+    /// request's tokens are counted.
+    pub tokens_per_window: Option<u32>,
+    /// The share of a request's requested tokens its answer reports used (`usage`), rounded
+    /// up: 1.0 uses them all. Values outside `0.0..=1.0` are clamped. Default: 1.0.
+    pub usage_fraction: f64,
+    /// Rate-limit headers sent on every answer (200 and 429), or `None`. Default: `None`.
+    pub rate_limit_headers: Option<HeaderStyle>,
+}
+
+/// Which family of rate-limit headers the gateway sends on every answer; both report the
+/// requests and the tokens of the user's sliding windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`, the reset in RFC 3339
+    /// (when the window is whole again).
+    Anthropic,
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, the reset as a Go duration
+    /// (`1.5s`, `6m0s`: the time until the window is whole again).
+    OpenAi,
 }
 
 impl Default for GatewayConfig {
@@ -55,6 +77,9 @@ impl Default for GatewayConfig {
             service_time: Duration::from_millis(50),
             stream_chunks: 5,
             stream_chunk_interval: Duration::from_millis(20),
+            tokens_per_window: None,
+            usage_fraction: 1.0,
+            rate_limit_headers: None,
         }
     }
 }
@@ -120,6 +145,35 @@ impl GatewayConfig {
     pub fn with_stream_chunk_interval(mut self, interval: Duration) -> Self {
         self.stream_chunk_interval = interval;
         self
+    }
+
+    /// Sets [`tokens_per_window`](Self::tokens_per_window), in tokens per window.
+    pub fn with_tokens_per_window(mut self, tokens: u32) -> Self {
+        self.tokens_per_window = Some(tokens);
+        self
+    }
+
+    /// Sets [`usage_fraction`](Self::usage_fraction).
+    pub fn with_usage_fraction(mut self, fraction: f64) -> Self {
+        self.usage_fraction = fraction;
+        self
+    }
+
+    /// Sets [`rate_limit_headers`](Self::rate_limit_headers).
+    pub fn with_rate_limit_headers(mut self, style: HeaderStyle) -> Self {
+        self.rate_limit_headers = Some(style);
+        self
+    }
+
+    /// The tokens an answer reports used for a request of `requested` tokens:
+    /// `requested × usage_fraction`, rounded up.
+    pub fn usage_of(&self, requested: u32) -> u32 {
+        let fraction = if self.usage_fraction.is_nan() {
+            1.0
+        } else {
+            self.usage_fraction.clamp(0.0, 1.0)
+        };
+        (f64::from(requested) * fraction).ceil() as u32
     }
 
     /// How long one streamed answer takes: `stream_chunks × stream_chunk_interval`.

@@ -23,7 +23,7 @@ pub struct GatewayStats {
     /// Requests admitted (answered with 200).
     pub admitted: u64,
     /// Requests refused with 429 Too Many Requests
-    /// (always `refused_parallel + refused_window`).
+    /// (always `refused_parallel + refused_window + refused_tokens`).
     pub responses_429: u64,
     /// Requests refused because the user already had `max_parallel` requests in progress.
     pub refused_parallel: u64,
@@ -38,6 +38,17 @@ pub struct GatewayStats {
     /// The most admitted requests of one user that arrived within any span of length
     /// `window` (exact: counted in the arrival log each time a request is admitted).
     pub max_in_window: u32,
+    /// Requests refused because their tokens did not fit in the user's
+    /// `tokens_per_window` (0 without a token limit).
+    #[serde(default)]
+    pub refused_tokens: u64,
+    /// Tokens the answers reported used (`usage.total_tokens`), summed, in tokens.
+    #[serde(default)]
+    pub tokens_used: u64,
+    /// The most tokens one user had counted in the window at once, in tokens: checked at
+    /// each admission (requested tokens) and each answer (used tokens).
+    #[serde(default)]
+    pub max_tokens_in_window: u64,
 }
 
 /// Who a request belongs to: the raw `Authorization` header value, or `None` for
@@ -51,6 +62,8 @@ pub(crate) enum LimitType {
     Parallel,
     /// Too many requests in the sliding window.
     Window,
+    /// Too many tokens in the sliding window.
+    Tokens,
 }
 
 impl LimitType {
@@ -59,6 +72,7 @@ impl LimitType {
         match self {
             LimitType::Parallel => "parallel_requests",
             LimitType::Window => "requests_per_minute",
+            LimitType::Tokens => "tokens_per_minute",
         }
     }
 }
@@ -83,6 +97,54 @@ struct UserState {
     log: VecDeque<Instant>,
     /// Admitted requests not yet released.
     in_progress: u32,
+    /// Tokens of admitted requests within the window, oldest first: requested at admission,
+    /// replaced by the tokens used when the answer is made.
+    spends: VecDeque<Spend>,
+    /// The sum of `spends`.
+    tokens: u64,
+}
+
+/// The tokens of one admitted request, at its arrival.
+#[derive(Debug, Clone, Copy)]
+struct Spend {
+    at: Instant,
+    ticket: u64,
+    tokens: u32,
+}
+
+impl UserState {
+    /// Forgets what left the window at `now`: an arrival at `t` counts while `now - t < window`.
+    fn expire(&mut self, window: Duration, now: Instant) {
+        while self.log.front().is_some_and(|&t| t + window <= now) {
+            self.log.pop_front();
+        }
+        while let Some(spend) = self.spends.front().filter(|s| s.at + window <= now) {
+            self.tokens -= u64::from(spend.tokens);
+            self.spends.pop_front();
+        }
+    }
+
+    /// When `tokens` more fit under `limit`: once enough of the oldest spends have left.
+    fn tokens_fit_at(&self, tokens: u32, limit: u32, window: Duration, now: Instant) -> Instant {
+        let over = (self.tokens + u64::from(tokens)).saturating_sub(limit.into());
+        let mut freed = 0;
+        for spend in &self.spends {
+            freed += u64::from(spend.tokens);
+            if freed >= over {
+                return spend.at + window;
+            }
+        }
+        now + window
+    }
+}
+
+/// What a user's windows hold now, for the rate-limit headers of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Allowances {
+    /// Requests: limit, remaining, time until the window is whole again.
+    pub(crate) requests: (u32, u32, Duration),
+    /// Tokens, with a token limit: limit, remaining, time until the window is whole again.
+    pub(crate) tokens: Option<(u32, u64, Duration)>,
 }
 
 /// The accounting of all users.
@@ -91,8 +153,10 @@ pub(crate) struct Limits {
     requests_per_window: u32,
     window: Duration,
     max_parallel: u32,
+    tokens_per_window: Option<u32>,
     users: HashMap<UserKey, UserState>,
     stats: GatewayStats,
+    next_ticket: u64,
 }
 
 impl Limits {
@@ -101,23 +165,35 @@ impl Limits {
             requests_per_window: config.requests_per_window,
             window: config.window,
             max_parallel: config.max_parallel,
+            tokens_per_window: config.tokens_per_window,
             users: HashMap::new(),
             stats: GatewayStats::default(),
+            next_ticket: 0,
         }
     }
 
-    /// Decides on a request of `user` arriving at `now`.
-    ///
-    /// The parallel cap is checked first, then the window; a request over both is
-    /// refused as `Parallel`. An admitted request is logged in the window and takes a
-    /// parallel slot; a refused one takes neither.
+    /// [`admit_tokens`](Self::admit_tokens) for a request of no tokens.
+    #[cfg(test)]
     pub(crate) fn admit(&mut self, user: &UserKey, now: Instant) -> Decision {
+        self.admit_tokens(user, 0, now).0
+    }
+
+    /// Decides on a request of `user` for `tokens` tokens arriving at `now`; with the
+    /// decision, the ticket that names an admitted request's tokens for [`Self::settle`].
+    ///
+    /// The parallel cap is checked first, then the request window, then the token window; a
+    /// request over several is refused for the first. An admitted request is logged in the
+    /// windows (its tokens as requested) and takes a parallel slot; a refused one takes none.
+    pub(crate) fn admit_tokens(
+        &mut self,
+        user: &UserKey,
+        tokens: u32,
+        now: Instant,
+    ) -> (Decision, u64) {
         let window = self.window;
         let state = self.users.entry(user.clone()).or_default();
-        // An arrival at `t` counts while `now - t < window`.
-        while state.log.front().is_some_and(|&t| t + window <= now) {
-            state.log.pop_front();
-        }
+        state.expire(window, now);
+        let token_limit = self.tokens_per_window;
         let stats = &mut self.stats;
         stats.requests += 1;
         stats.peak_parallel_attempted = stats
@@ -131,21 +207,78 @@ impl Limits {
             stats.refused_window += 1;
             let reset = state.log.front().map_or(now + window, |&t| t + window);
             Some((LimitType::Window, reset))
+        } else if let Some(limit) =
+            token_limit.filter(|&l| state.tokens + u64::from(tokens) > u64::from(l))
+        {
+            stats.refused_tokens += 1;
+            let reset = state.tokens_fit_at(tokens, limit, window, now);
+            Some((LimitType::Tokens, reset))
         } else {
             None
         };
         if let Some((limit, reset)) = refused {
             stats.responses_429 += 1;
-            return Decision::Refused { limit, reset };
+            return (Decision::Refused { limit, reset }, 0);
         }
 
         state.log.push_back(now);
         state.in_progress += 1;
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        if tokens > 0 {
+            state.spends.push_back(Spend {
+                at: now,
+                ticket,
+                tokens,
+            });
+            state.tokens += u64::from(tokens);
+        }
         stats.admitted += 1;
         stats.peak_parallel = stats.peak_parallel.max(state.in_progress);
         let in_window = u32::try_from(state.log.len()).unwrap_or(u32::MAX);
         stats.max_in_window = stats.max_in_window.max(in_window);
-        Decision::Admitted
+        stats.max_tokens_in_window = stats.max_tokens_in_window.max(state.tokens);
+        (Decision::Admitted, ticket)
+    }
+
+    /// The answer to the request of `ticket` reports `used` tokens: its spend in the token
+    /// window becomes `used` (at its arrival), and the tokens are counted in the stats.
+    pub(crate) fn settle(&mut self, user: &UserKey, ticket: u64, used: u32, now: Instant) {
+        self.stats.tokens_used += u64::from(used);
+        let Some(state) = self.users.get_mut(user) else {
+            return;
+        };
+        state.expire(self.window, now);
+        if let Ok(i) = state.spends.binary_search_by_key(&ticket, |s| s.ticket) {
+            let spend = &mut state.spends[i];
+            state.tokens = state.tokens - u64::from(spend.tokens) + u64::from(used);
+            spend.tokens = used;
+        }
+        let stats = &mut self.stats;
+        stats.max_tokens_in_window = stats.max_tokens_in_window.max(state.tokens);
+    }
+
+    /// What `user`'s windows hold at `now`.
+    pub(crate) fn allowances(&mut self, user: &UserKey, now: Instant) -> Allowances {
+        let window = self.window;
+        let state = self.users.entry(user.clone()).or_default();
+        state.expire(window, now);
+        let whole_at = |last: Option<Instant>| last.map_or(Duration::ZERO, |t| t + window - now);
+        let used = u32::try_from(state.log.len()).unwrap_or(u32::MAX);
+        let requests = (
+            self.requests_per_window,
+            self.requests_per_window.saturating_sub(used),
+            whole_at(state.log.back().copied()),
+        );
+        let tokens = self.tokens_per_window.map(|limit| {
+            let remaining = u64::from(limit).saturating_sub(state.tokens);
+            (
+                limit,
+                remaining,
+                whole_at(state.spends.back().map(|s| s.at)),
+            )
+        });
+        Allowances { requests, tokens }
     }
 
     /// Gives back the parallel slot of one admitted request of `user`.
@@ -396,6 +529,74 @@ mod tests {
         assert_eq!(l.in_progress(&a), 2);
         assert_eq!(l.stats().refused_window, 1);
         assert_eq!(l.stats().requests, 1);
+    }
+
+    fn token_limits(tokens: u32) -> Limits {
+        Limits::new(
+            &GatewayConfig::default()
+                .with_window(Duration::from_secs(60))
+                .with_tokens_per_window(tokens),
+        )
+    }
+
+    #[test]
+    fn tokens_are_counted_as_requested_then_as_used_at_their_arrival() {
+        let t0 = Instant::now();
+        let mut l = token_limits(100);
+        let a = user("a");
+        let (d, first) = l.admit_tokens(&a, 70, t0);
+        assert_eq!(d, Decision::Admitted);
+        let t1 = t0 + Duration::from_secs(10);
+        // 70 + 40 > 100: refused until the first request leaves the window.
+        assert_eq!(
+            l.admit_tokens(&a, 40, t1).0,
+            Decision::Refused {
+                limit: LimitType::Tokens,
+                reset: t0 + Duration::from_secs(60)
+            }
+        );
+        // Its answer used 20: now 40 fit.
+        l.settle(&a, first, 20, t1);
+        assert_eq!(l.admit_tokens(&a, 40, t1).0, Decision::Admitted);
+        assert_eq!(
+            l.admit_tokens(&a, 41, t1).0,
+            Decision::Refused {
+                limit: LimitType::Tokens,
+                reset: t0 + Duration::from_secs(60)
+            }
+        );
+        // Another user has a window of its own.
+        assert_eq!(l.admit_tokens(&user("b"), 100, t1).0, Decision::Admitted);
+        let s = l.stats();
+        assert_eq!(
+            (s.refused_tokens, s.responses_429, s.tokens_used),
+            (2, 2, 20)
+        );
+        assert_eq!(s.max_tokens_in_window, 100);
+    }
+
+    #[test]
+    fn allowances_report_what_is_left_and_when_the_window_is_whole() {
+        let t0 = Instant::now();
+        let mut l = token_limits(100);
+        let a = user("a");
+        l.admit_tokens(&a, 30, t0);
+        let t1 = t0 + Duration::from_secs(15);
+        l.admit_tokens(&a, 10, t1);
+        let got = l.allowances(&a, t1);
+        assert_eq!(
+            got,
+            Allowances {
+                requests: (120, 118, Duration::from_secs(60)),
+                tokens: Some((100, 60, Duration::from_secs(60))),
+            }
+        );
+        let fresh = l.allowances(&user("b"), t1);
+        assert_eq!(fresh.requests, (120, 120, Duration::ZERO));
+        assert_eq!(fresh.tokens, Some((100, 100, Duration::ZERO)));
+        // Without a token limit, no token allowance.
+        let mut plain = limits(2, 60, 5);
+        assert_eq!(plain.allowances(&a, t0).tokens, None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,7 +9,9 @@
 //! # Routes
 //!
 //! * `GET|POST /v1/chat`: waits [`GatewayConfig::service_time`], then answers 200 with a
-//!   small JSON body. The parallel slot is given back before the answer is sent.
+//!   small JSON body that reports the tokens used:
+//!   `{"object":"chat.completion","choices":[...],"usage":{"prompt_tokens":0,"completion_tokens":N,"total_tokens":N}}`.
+//!   The parallel slot is given back before the answer is sent.
 //! * `GET|POST /v1/stream`: answers 200 at once with a `text/event-stream` body of
 //!   [`GatewayConfig::stream_chunks`] events, each after a pause of
 //!   [`GatewayConfig::stream_chunk_interval`]. The request holds its parallel slot until
@@ -18,18 +20,36 @@
 //!
 //! # Admission
 //!
-//! The parallel cap is checked first, then the window, so a request over both limits is
-//! refused as `parallel_requests`. An admitted request counts in the window and takes a
-//! parallel slot; a refused request counts in neither. A refused request gets
+//! The parallel cap is checked first, then the request window, then (with
+//! [`GatewayConfig::tokens_per_window`]) the token window, so a request over several is
+//! refused for the first. An admitted request counts in the windows and takes a parallel
+//! slot; a refused request counts in none. A refused request gets
 //! `429 Too Many Requests` at once, with a JSON body
 //! `{"error":{"type":"rate_limit_error","message":"..."}}` and the headers:
 //!
 //! * `retry-after`: the window length in whole seconds, rounded up (an upper bound);
-//! * `rate_limit_type`: `parallel_requests` or `requests_per_minute`;
+//! * `rate_limit_type`: `parallel_requests`, `requests_per_minute` or `tokens_per_minute`;
 //! * `reset_at`: an RFC 3339 UTC time to the millisecond, rounded up. For the window
 //!   limit it is when the oldest admitted request in the window leaves it (so a request
 //!   sent then is admitted); for the parallel limit it is now plus the window length
-//!   (an upper bound: a slot usually frees sooner).
+//!   (an upper bound: a slot usually frees sooner); for the token limit it is when enough
+//!   of the oldest tokens leave the window for the request's tokens to fit.
+//!
+//! # Tokens
+//!
+//! A request asks for the tokens in its [`TOKEN_COST_HEADER`] header (`x-token-cost`, a
+//! count), else for its JSON body's `max_tokens`, else for none. Like an API that counts
+//! output tokens by `max_tokens` first and by the true figure later, the gateway counts the
+//! requested tokens in the token window at admission and, once it answers, replaces them
+//! (at the request's arrival) with the tokens used: the requested tokens times
+//! [`GatewayConfig::usage_fraction`], rounded up, reported in the body's `usage` (a streamed
+//! answer counts them when it starts). Tokens are counted whether or not a token limit is
+//! set ([`GatewayStats::tokens_used`]).
+//!
+//! With [`GatewayConfig::rate_limit_headers`] every answer (200 and 429) carries the user's
+//! allowances after it: requests and, with a token limit, tokens, in the
+//! [`HeaderStyle::Anthropic`] or [`HeaderStyle::OpenAi`] family (limit, remaining, and the
+//! time until the window is whole again).
 //!
 //! # Time
 //!
@@ -66,7 +86,11 @@ use axum::serve::ListenerExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::GatewayConfig;
+pub use config::{GatewayConfig, HeaderStyle};
+
+/// The request header that gives a request's tokens (a count); without it, the JSON body's
+/// `max_tokens` does.
+pub const TOKEN_COST_HEADER: &str = "x-token-cost";
 pub use limits::GatewayStats;
 
 use server::Shared;

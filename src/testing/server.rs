@@ -17,8 +17,8 @@ use bytes::Bytes;
 use http_body::Frame;
 use tokio::time::{Instant, Sleep};
 
-use super::limits::{Decision, LimitType, Limits, UserKey};
-use super::{GatewayConfig, GatewayStats};
+use super::limits::{Allowances, Decision, LimitType, Limits, UserKey};
+use super::{GatewayConfig, GatewayStats, HeaderStyle};
 
 /// State shared by the routes and the [`Gateway`](super::Gateway) handle.
 #[derive(Debug)]
@@ -62,6 +62,22 @@ struct Slot {
     shared: Arc<Shared>,
     user: UserKey,
     held: bool,
+    /// The request's ticket in the token window, and the tokens it asked for.
+    ticket: u64,
+    requested: u32,
+}
+
+impl Slot {
+    /// Counts the tokens the answer reports used (the request's spend in the token window
+    /// becomes that) and returns them.
+    fn settle(&self) -> u32 {
+        let used = self.shared.config.usage_of(self.requested);
+        let now = Instant::now();
+        self.shared
+            .limits()
+            .settle(&self.user, self.ticket, used, now);
+        used
+    }
 }
 
 impl Slot {
@@ -85,19 +101,40 @@ struct Refusal {
     reset_in: Duration,
 }
 
-/// Counts the request and either takes a slot for it or says why it is refused.
-/// The request body is not read: hyper discards it.
-fn admit(shared: &Arc<Shared>, headers: &HeaderMap) -> Result<Slot, Refusal> {
-    let user: UserKey = headers
+/// The user of a request: its `Authorization` header.
+fn user_of(headers: &HeaderMap) -> UserKey {
+    headers
         .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes().to_vec());
+        .map(|v| v.as_bytes().to_vec())
+}
+
+/// The tokens a request asks for: the [`TOKEN_COST_HEADER`](super::TOKEN_COST_HEADER) header
+/// (a count), else the JSON body's `max_tokens`, else 0.
+pub(crate) fn requested_tokens(headers: &HeaderMap, body: &[u8]) -> u32 {
+    let from_header = headers
+        .get(super::TOKEN_COST_HEADER)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    from_header
+        .or_else(|| {
+            let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+            u32::try_from(json.get("max_tokens")?.as_u64()?).ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Counts the request and either takes a slot for it or says why it is refused.
+fn admit(shared: &Arc<Shared>, headers: &HeaderMap, body: &[u8]) -> Result<Slot, Refusal> {
+    let user = user_of(headers);
+    let requested = requested_tokens(headers, body);
     let now = Instant::now();
-    let decision = shared.limits().admit(&user, now);
+    let (decision, ticket) = shared.limits().admit_tokens(&user, requested, now);
     match decision {
         Decision::Admitted => Ok(Slot {
             shared: Arc::clone(shared),
             user,
             held: true,
+            ticket,
+            requested,
         }),
         Decision::Refused { limit, reset } => Err(Refusal {
             limit,
@@ -117,6 +154,11 @@ fn too_many_requests(config: &GatewayConfig, refusal: Refusal) -> Response {
         LimitType::Window => format!(
             "Too many requests: at most {} per {:?} window per user.",
             config.requests_per_window, config.window
+        ),
+        LimitType::Tokens => format!(
+            "Too many tokens: at most {} per {:?} window per user.",
+            config.tokens_per_window.unwrap_or(0),
+            config.window
         ),
     };
     let body = serde_json::json!({
@@ -162,30 +204,139 @@ fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response
     response
 }
 
-/// `/v1/chat`: waits `service_time`, gives back the slot, then answers.
-async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let mut slot = match admit(&shared, &headers) {
+/// Adds the configured rate-limit headers for `user`'s windows to `response`.
+fn with_rate_limit_headers(shared: &Shared, user: &UserKey, mut response: Response) -> Response {
+    let Some(style) = shared.config.rate_limit_headers else {
+        return response;
+    };
+    let allowances = shared.limits().allowances(user, Instant::now());
+    let headers = response.headers_mut();
+    for (name, value) in rate_limit_headers(style, &allowances, SystemTime::now()) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
+    }
+    response
+}
+
+/// The headers of `style` for `allowances`, as (name, value) pairs.
+pub(crate) fn rate_limit_headers(
+    style: HeaderStyle,
+    allowances: &Allowances,
+    now: SystemTime,
+) -> Vec<(&'static str, String)> {
+    let (limit, remaining, reset) = allowances.requests;
+    let requests = (u64::from(limit), u64::from(remaining), reset);
+    let tokens = allowances
+        .tokens
+        .map(|(limit, remaining, reset)| (u64::from(limit), remaining, reset));
+    let mut out = Vec::new();
+    match style {
+        HeaderStyle::Anthropic => {
+            let names = [
+                (
+                    "anthropic-ratelimit-requests-limit",
+                    "anthropic-ratelimit-requests-remaining",
+                    "anthropic-ratelimit-requests-reset",
+                ),
+                (
+                    "anthropic-ratelimit-tokens-limit",
+                    "anthropic-ratelimit-tokens-remaining",
+                    "anthropic-ratelimit-tokens-reset",
+                ),
+            ];
+            for (names, values) in names.iter().zip([Some(requests), tokens]) {
+                let Some((limit, remaining, reset)) = values else {
+                    continue;
+                };
+                out.push((names.0, limit.to_string()));
+                out.push((names.1, remaining.to_string()));
+                out.push((names.2, reset_at(now, reset)));
+            }
+        }
+        HeaderStyle::OpenAi => {
+            let names = [
+                (
+                    "x-ratelimit-limit-requests",
+                    "x-ratelimit-remaining-requests",
+                    "x-ratelimit-reset-requests",
+                ),
+                (
+                    "x-ratelimit-limit-tokens",
+                    "x-ratelimit-remaining-tokens",
+                    "x-ratelimit-reset-tokens",
+                ),
+            ];
+            for (names, values) in names.iter().zip([Some(requests), tokens]) {
+                let Some((limit, remaining, reset)) = values else {
+                    continue;
+                };
+                out.push((names.0, limit.to_string()));
+                out.push((names.1, remaining.to_string()));
+                out.push((names.2, go_duration(reset)));
+            }
+        }
+    }
+    out
+}
+
+/// `d` as a Go duration, rounded up to the millisecond: `0s`, `20ms`, `1.5s`, `6m0s`.
+pub(crate) fn go_duration(d: Duration) -> String {
+    let millis = d.as_nanos().div_ceil(1_000_000);
+    match millis {
+        0 => "0s".to_owned(),
+        1..=999 => format!("{millis}ms"),
+        1_000..=59_999 => {
+            let secs = format!("{}.{:03}", millis / 1000, millis % 1000);
+            format!("{}s", secs.trim_end_matches('0').trim_end_matches('.'))
+        }
+        _ => {
+            let (mins, rest) = (millis / 60_000, millis % 60_000);
+            let secs = format!("{}.{:03}", rest / 1000, rest % 1000);
+            format!(
+                "{mins}m{}s",
+                secs.trim_end_matches('0').trim_end_matches('.')
+            )
+        }
+    }
+}
+
+/// `/v1/chat`: waits `service_time`, gives back the slot, then answers with the tokens used.
+async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let user = user_of(&headers);
+    let mut slot = match admit(&shared, &headers, &body) {
         Ok(slot) => slot,
-        Err(refusal) => return too_many_requests(&shared.config, refusal),
+        Err(refusal) => {
+            let response = too_many_requests(&shared.config, refusal);
+            return with_rate_limit_headers(&shared, &user, response);
+        }
     };
     tokio::time::sleep(shared.config.service_time).await;
+    let used = slot.settle();
     // Released before the answer exists, so a client that has read the answer can rely
     // on the slot being free.
     slot.release();
     let body = serde_json::json!({
         "object": "chat.completion",
         "choices": [{ "index": 0, "message": { "role": "assistant", "content": "ok" } }],
+        "usage": { "prompt_tokens": 0, "completion_tokens": used, "total_tokens": used },
     });
-    json_response(StatusCode::OK, &body)
+    with_rate_limit_headers(&shared, &user, json_response(StatusCode::OK, &body))
 }
 
 /// `/v1/stream`: answers at once with a body of `stream_chunks` events, one every
-/// `stream_chunk_interval`; the slot is held until the last event is produced.
-async fn stream(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let mut slot = match admit(&shared, &headers) {
+/// `stream_chunk_interval`; the slot is held until the last event is produced. Its tokens
+/// are counted as used when the answer starts.
+async fn stream(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let user = user_of(&headers);
+    let mut slot = match admit(&shared, &headers, &body) {
         Ok(slot) => slot,
-        Err(refusal) => return too_many_requests(&shared.config, refusal),
+        Err(refusal) => {
+            let response = too_many_requests(&shared.config, refusal);
+            return with_rate_limit_headers(&shared, &user, response);
+        }
     };
+    slot.settle();
     let total = shared.config.stream_chunks;
     let interval = shared.config.stream_chunk_interval;
     if total == 0 {
@@ -196,7 +347,7 @@ async fn stream(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     );
-    response
+    with_rate_limit_headers(&shared, &user, response)
 }
 
 /// A streamed answer: `total` server-sent events, each after a pause of `interval`.
@@ -268,7 +419,7 @@ mod tests {
     /// Admits one anonymous request and wraps its slot in a stream body.
     fn admitted_stream(total: u32) -> (Arc<Shared>, ChunkBody) {
         let shared = Arc::new(Shared::new(GatewayConfig::default().with_max_parallel(1)));
-        let slot = admit(&shared, &HeaderMap::new()).expect("first request is admitted");
+        let slot = admit(&shared, &HeaderMap::new(), b"").expect("first request is admitted");
         let body = ChunkBody::new(slot, total, Duration::from_secs(1));
         (shared, body)
     }
@@ -319,8 +470,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn refusal_has_the_three_headers_and_a_json_body() {
         let shared = Arc::new(Shared::new(GatewayConfig::default().with_max_parallel(1)));
-        let _slot = admit(&shared, &HeaderMap::new()).expect("first request is admitted");
-        let refusal = admit(&shared, &HeaderMap::new()).err().expect("refused");
+        let _slot = admit(&shared, &HeaderMap::new(), b"").expect("first request is admitted");
+        let refusal = admit(&shared, &HeaderMap::new(), b"")
+            .err()
+            .expect("refused");
         assert_eq!(refusal.limit, LimitType::Parallel);
         assert_eq!(refusal.reset_in, Duration::from_secs(60));
         let response = too_many_requests(&shared.config, refusal);
@@ -331,6 +484,68 @@ mod tests {
         let reset: jiff::Timestamp = h["reset_at"].to_str().unwrap().parse().unwrap();
         assert_eq!(reset.subsec_nanosecond() % 1_000_000, 0);
         assert_eq!(h["content-type"], "application/json");
+    }
+
+    #[test]
+    fn requested_tokens_come_from_the_header_else_max_tokens() {
+        let mut h = HeaderMap::new();
+        assert_eq!(requested_tokens(&h, br#"{"max_tokens": 512}"#), 512);
+        assert_eq!(requested_tokens(&h, b"{}"), 0);
+        assert_eq!(requested_tokens(&h, b"not json"), 0);
+        assert_eq!(requested_tokens(&h, br#"{"max_tokens": -1}"#), 0);
+        h.insert("x-token-cost", HeaderValue::from_static("900"));
+        assert_eq!(requested_tokens(&h, br#"{"max_tokens": 512}"#), 900);
+        h.insert("x-token-cost", HeaderValue::from_static("lots"));
+        assert_eq!(requested_tokens(&h, br#"{"max_tokens": 512}"#), 512);
+    }
+
+    #[test]
+    fn go_durations_round_up_to_the_millisecond() {
+        let cases = [
+            (Duration::ZERO, "0s"),
+            (Duration::from_micros(1), "1ms"),
+            (Duration::from_millis(20), "20ms"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_secs(6), "6s"),
+            (Duration::from_millis(59_999), "59.999s"),
+            (Duration::from_secs(360), "6m0s"),
+            (Duration::from_millis(61_250), "1m1.25s"),
+        ];
+        for (d, want) in cases {
+            assert_eq!(go_duration(d), want, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn rate_limit_headers_parse_back_into_hints() {
+        let allowances = Allowances {
+            requests: (120, 7, Duration::from_secs(6)),
+            tokens: Some((10_000, 2_500, Duration::from_millis(1_500))),
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        for style in [HeaderStyle::Anthropic, HeaderStyle::OpenAi] {
+            let mut map = http::HeaderMap::new();
+            for (name, value) in rate_limit_headers(style, &allowances, now) {
+                map.insert(name, value.parse().unwrap());
+            }
+            let hints = crate::headers::parse(&map, now);
+            let tokens = hints.tokens.expect("a token allowance");
+            let requests = hints.requests.expect("a request allowance");
+            assert_eq!(
+                (tokens.limit, tokens.remaining, tokens.reset_after),
+                (
+                    Some(10_000),
+                    Some(2_500),
+                    Some(Duration::from_millis(1_500))
+                ),
+                "{style:?}"
+            );
+            assert_eq!(
+                (requests.limit, requests.remaining, requests.reset_after),
+                (Some(120), Some(7), Some(Duration::from_secs(6))),
+                "{style:?}"
+            );
+        }
     }
 
     #[test]

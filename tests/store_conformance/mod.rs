@@ -30,7 +30,9 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::strategy::{BoxedStrategy, Union};
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
-use reqwest_throttle::store::{Admission, LeaseId, Limits, QuotaName, ScopeId, Store, WindowQuota};
+use reqwest_throttle::store::{
+    Admission, LeaseId, Limits, QuotaName, ScopeId, Settlement, Store, Unit, WindowQuota,
+};
 use tokio::time::{advance, Instant};
 
 // ---------------------------------------------------------------------------------------------
@@ -68,11 +70,20 @@ macro_rules! store_conformance {
             idle_again_after_an_attempt_refused_by_a_later_bucket,
             scopes_are_independent,
             admit_future_dropped_unpolled_charges_nothing,
+            settle_refunds_at_the_send_and_never_more_than_its_charge,
+            settle_charges_more_at_the_send_never_past_the_limit,
+            settle_after_the_send_left_the_window_changes_nothing,
+            settle_a_token_bucket_is_only_charged_more_never_past_empty,
+            settle_counts_once_even_after_release,
+            settle_tokens_remaining_lowers_only_token_windows,
+            settle_tokens_remaining_of_an_unknown_lease_counts_now,
+            requests_window_counts_one_per_request_whatever_the_cost,
         );
         $crate::store_conformance!(@prop $make, $ready;
             prop_in_flight_cap_resized_window_fixed,
             prop_window_limit_and_in_flight_cap_resized,
             prop_admit_futures_dropped_unpolled,
+            prop_settle_matches_the_window_model,
         );
     };
     (@async $make:expr, $ready:expr; $($check:ident),* $(,)?) => {
@@ -965,7 +976,232 @@ pub async fn admit_future_dropped_unpolled_charges_nothing<S: Store>(store: &S) 
 }
 
 // ---------------------------------------------------------------------------------------------
-// 10. Properties: random operations checked against a model after every step.
+// 10. Settling a charge with the true figure (`Store::settle`).
+
+async fn settle<S: Store>(store: &S, scope: &S::Scope, lease: LeaseId, settlement: Settlement) {
+    store
+        .settle(scope, lease, settlement)
+        .await
+        .unwrap_or_else(|e| panic!("settle({lease:?}, {settlement:?}) failed: {e}"));
+}
+
+/// A token window of `limit` per 10 s, no guard.
+fn tokens(limit: u32) -> WindowQuota {
+    window(limit, secs(10), Duration::ZERO).with_unit(Unit::Tokens)
+}
+
+/// An estimate of 6 settled at 2 gives 4 back, at its send's place; a refund never takes more
+/// than the send's own charge, even from sends made at the same instant.
+pub async fn settle_refunds_at_the_send_and_never_more_than_its_charge<S: Store>(store: &S) {
+    for unit in [Unit::Tokens, Unit::Cost] {
+        let scope = open(
+            store,
+            &Limits::new().with_window(window(10, secs(10), Duration::ZERO).with_unit(unit)),
+        );
+        let a = admitted(admit(store, &scope, 6).await);
+        advance(secs(2)).await;
+        admitted(admit(store, &scope, 3).await);
+        settle(store, &scope, a, Settlement::actual(2)).await;
+        // 2 + 3 counted: 5 more fit, 6 do not.
+        assert_eq!(
+            admit(store, &scope, 6).await,
+            Admission::NotBefore(secs(8)),
+            "{unit:?}"
+        );
+        admitted(admit(store, &scope, 5).await);
+        // The 2 left of the first send leave with it, at 10 s.
+        assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(8)));
+        advance(secs(8)).await;
+        admitted(admit(store, &scope, 2).await);
+        assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(2)));
+    }
+    // Two sends of 4 at one instant: settling one at 0 gives back 4, not 8.
+    let scope = open(store, &Limits::new().with_window(tokens(10)));
+    let c = admitted(admit(store, &scope, 4).await);
+    admitted(admit(store, &scope, 4).await);
+    settle(store, &scope, c, Settlement::actual(0)).await;
+    assert_eq!(
+        admit(store, &scope, 7).await,
+        Admission::NotBefore(secs(10))
+    );
+    admitted(admit(store, &scope, 6).await);
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::NotBefore(secs(10))
+    );
+}
+
+/// An estimate of 2 settled at 100 takes the window to its limit and no further; the extra
+/// units sit at the send's place and leave with it.
+pub async fn settle_charges_more_at_the_send_never_past_the_limit<S: Store>(store: &S) {
+    let scope = open(store, &Limits::new().with_window(tokens(10)));
+    let a = admitted(admit(store, &scope, 2).await);
+    advance(secs(1)).await;
+    admitted(admit(store, &scope, 2).await);
+    settle(store, &scope, a, Settlement::actual(100)).await;
+    // Full: the first send now holds 8, and leaves at 10 s.
+    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(9)));
+    advance(secs(9)).await;
+    // Had the window counted past its limit, more than 8 would still be held.
+    admitted(admit(store, &scope, 8).await);
+    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(secs(1)));
+}
+
+/// A send that has left its window is neither refunded (a later send's units stay counted)
+/// nor charged more.
+pub async fn settle_after_the_send_left_the_window_changes_nothing<S: Store>(store: &S) {
+    let scope = open(store, &Limits::new().with_window(tokens(10)));
+    let a = admitted(admit(store, &scope, 6).await);
+    let b = admitted(admit(store, &scope, 1).await);
+    advance(secs(10)).await;
+    admitted(admit(store, &scope, 10).await);
+    settle(store, &scope, a, Settlement::actual(0)).await;
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::NotBefore(secs(10))
+    );
+    advance(secs(10)).await;
+    settle(store, &scope, b, Settlement::actual(10)).await;
+    admitted(admit(store, &scope, 10).await);
+}
+
+/// A token bucket (10 per second, burst 10) is charged more when the true cost is larger, up
+/// to empty and never past it, and never refunded when it is smaller.
+pub async fn settle_a_token_bucket_is_only_charged_more_never_past_empty<S: Store>(store: &S) {
+    let limits = Limits::new().with_bucket(Quota::per_second(nz(10)));
+    let scope = open(store, &limits);
+    let a = admitted(admit(store, &scope, 5).await);
+    settle(store, &scope, a, Settlement::actual(1)).await;
+    // No refund: 5 cells left, not 9.
+    assert_eq!(admit(store, &scope, 6).await, Admission::NotBefore(ms(100)));
+    admitted(admit(store, &scope, 5).await);
+
+    let scope = open(store, &limits);
+    let b = admitted(admit(store, &scope, 2).await);
+    settle(store, &scope, b, Settlement::actual(7)).await;
+    // 5 more taken: 3 left.
+    assert_eq!(admit(store, &scope, 4).await, Admission::NotBefore(ms(100)));
+    admitted(admit(store, &scope, 3).await);
+
+    let scope = open(store, &limits);
+    let c = admitted(admit(store, &scope, 10).await);
+    settle(store, &scope, c, Settlement::actual(50)).await;
+    // Empty, not in debt: one cell comes back in one interval.
+    assert_eq!(admit(store, &scope, 1).await, Admission::NotBefore(ms(100)));
+    advance(ms(100)).await;
+    admitted(admit(store, &scope, 1).await);
+}
+
+/// A charge is settled once (again, or with a clone's lease, nothing changes), also after its
+/// lease was released; a lease the store does not know changes nothing.
+pub async fn settle_counts_once_even_after_release<S: Store>(store: &S) {
+    let scope = open(
+        store,
+        &Limits::new()
+            .with_max_in_flight(Some(4))
+            .with_window(tokens(10)),
+    );
+    let a = admitted(admit(store, &scope, 6).await);
+    store.release(&scope, a);
+    settle(store, &scope, a, Settlement::actual(2)).await;
+    settle(store, &scope, a, Settlement::actual(0)).await;
+    settle(store, &scope, a, Settlement::actual(100)).await;
+    assert_eq!(
+        admit(store, &scope, 9).await,
+        Admission::NotBefore(secs(10))
+    );
+    let b = admitted(admit(store, &scope, 8).await);
+    settle(store, &scope, LeaseId(u64::MAX - 7), Settlement::actual(0)).await;
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::NotBefore(secs(10))
+    );
+    store.release(&scope, b);
+}
+
+/// Tokens remaining reported by the server lower a token window's own remainder to it (at the
+/// send's place); a larger report changes nothing; windows of other units are not touched.
+pub async fn settle_tokens_remaining_lowers_only_token_windows<S: Store>(store: &S) {
+    let scope = open(store, &Limits::new().with_window(tokens(100)));
+    let a = admitted(admit(store, &scope, 10).await);
+    settle(store, &scope, a, Settlement::tokens_remaining(1_000)).await;
+    settle(store, &scope, a, Settlement::tokens_remaining(90)).await;
+    admitted(admit(store, &scope, 5).await);
+    settle(store, &scope, a, Settlement::tokens_remaining(50)).await;
+    // 85 left locally, 50 by the server: 50 it is.
+    assert_eq!(
+        admit(store, &scope, 51).await,
+        Admission::NotBefore(secs(10))
+    );
+    admitted(admit(store, &scope, 50).await);
+    // The report does not settle the charge: its true cost still may.
+    settle(store, &scope, a, Settlement::actual(0)).await;
+    admitted(admit(store, &scope, 10).await);
+
+    let cost = open(
+        store,
+        &Limits::new().with_window(window(100, secs(10), Duration::ZERO)),
+    );
+    let b = admitted(admit(store, &cost, 10).await);
+    settle(store, &cost, b, Settlement::tokens_remaining(0)).await;
+    admitted(admit(store, &cost, 90).await);
+}
+
+/// A report of tokens remaining for a lease the store does not know counts at the present
+/// time.
+pub async fn settle_tokens_remaining_of_an_unknown_lease_counts_now<S: Store>(store: &S) {
+    let scope = open(store, &Limits::new().with_window(tokens(100)));
+    advance(secs(5)).await;
+    settle(
+        store,
+        &scope,
+        LeaseId(u64::MAX - 7),
+        Settlement::tokens_remaining(30),
+    )
+    .await;
+    assert_eq!(
+        admit(store, &scope, 31).await,
+        Admission::NotBefore(secs(10))
+    );
+    admitted(admit(store, &scope, 30).await);
+}
+
+/// A window in `Unit::Requests` takes 1 per request whatever its cost (0 for cost 0), and a
+/// cost never exceeds it.
+pub async fn requests_window_counts_one_per_request_whatever_the_cost<S: Store>(store: &S) {
+    let requests = window(2, secs(10), Duration::ZERO).with_unit(Unit::Requests);
+    let scope = open(
+        store,
+        &Limits::new().with_window(requests).with_window(tokens(100)),
+    );
+    let a = admitted(admit(store, &scope, 50).await);
+    admitted(admit(store, &scope, 0).await);
+    admitted(admit(store, &scope, 30).await);
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::NotBefore(secs(10))
+    );
+    // The token window is the smallest quota a cost can exceed.
+    assert_eq!(
+        admit(store, &scope, 101).await,
+        Admission::CostTooLarge {
+            capacity: 100,
+            quota: QuotaName::SlidingWindow {
+                limit: 100,
+                window: secs(10),
+            },
+        }
+    );
+    // Settling touches the token window only: the request count stays.
+    settle(store, &scope, a, Settlement::actual(0)).await;
+    assert_eq!(
+        admit(store, &scope, 1).await,
+        Admission::NotBefore(secs(10))
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. Properties: random operations checked against a model after every step.
 
 /// The properties' window and guard: each send counted for 1.1 s.
 pub const PROP_WINDOW: Duration = ms(1_000);
@@ -1319,4 +1555,208 @@ pub async fn run_case<S: Store>(store: &S, case: &Case) {
         }
     }
     release_all(store, &scope, model.held);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. Settling against a model of one token window: admissions, settlements with a true cost,
+// reports of tokens remaining and time, every answer compared exactly.
+
+/// The token window of the settle property: 20 units per second, no guard.
+const SETTLE_LIMIT: u32 = 20;
+const SETTLE_SPAN: Duration = ms(1_000);
+
+/// One step of a settle case.
+#[derive(Debug, Clone)]
+pub enum SettleOp {
+    /// Admit a request of this cost (released at once: no in-flight cap).
+    Admit(u32),
+    /// Settle the charge of an admitted request (chosen by index) with this true cost.
+    Settle(Index, u32),
+    /// The server reports this many tokens remaining after an admitted request's answer.
+    Remaining(Index, u64),
+    /// Let this many milliseconds pass.
+    Advance(u64),
+}
+
+/// A model of the token window by the rules of `Store::settle`: a log of (instant, units)
+/// entries, one per instant, and the charges of the admissions.
+#[derive(Debug, Default)]
+struct WindowModel {
+    log: Vec<(Instant, u32)>,
+    /// (lease, sent at, estimate, settled).
+    charges: Vec<(LeaseId, Instant, u32, bool)>,
+}
+
+impl WindowModel {
+    fn expire(&mut self, now: Instant) {
+        self.log.retain(|&(at, _)| at + SETTLE_SPAN > now);
+    }
+
+    fn used(&mut self, now: Instant) -> u32 {
+        self.expire(now);
+        self.log.iter().map(|e| e.1).sum()
+    }
+
+    /// Adds `units` at `at` (cut to the room left), when `at` is still counted.
+    fn add_at(&mut self, at: Instant, units: u32, now: Instant) {
+        let units = units.min(SETTLE_LIMIT - self.used(now));
+        if units == 0 || at + SETTLE_SPAN <= now {
+            return;
+        }
+        match self.log.iter_mut().find(|e| e.0 == at) {
+            Some(entry) => entry.1 += units,
+            None => {
+                self.log.push((at, units));
+                self.log.sort_by_key(|e| e.0);
+            }
+        }
+    }
+
+    fn admit(&mut self, cost: u32, now: Instant) -> Result<(), Duration> {
+        let over = (self.used(now) + cost).saturating_sub(SETTLE_LIMIT);
+        if over == 0 {
+            if cost > 0 {
+                self.add_at(now, cost, now);
+            }
+            return Ok(());
+        }
+        let mut freed = 0;
+        for &(at, units) in &self.log {
+            freed += units;
+            if freed >= over {
+                return Err(at + SETTLE_SPAN - now);
+            }
+        }
+        unreachable!("a cost within the limit always fits once the log is gone")
+    }
+
+    fn settle(&mut self, i: usize, actual: u32, now: Instant) {
+        let (_, at, estimate, settled) = self.charges[i];
+        // An admission of cost 0 charged nothing: there is nothing to settle.
+        if settled || estimate == 0 {
+            return;
+        }
+        self.charges[i].3 = true;
+        self.expire(now);
+        if actual >= estimate {
+            self.add_at(at, actual - estimate, now);
+        } else if let Some(pos) = self.log.iter().position(|e| e.0 == at) {
+            let back = (estimate - actual).min(self.log[pos].1);
+            self.log[pos].1 -= back;
+            if self.log[pos].1 == 0 {
+                self.log.remove(pos);
+            }
+        }
+    }
+
+    fn remaining(&mut self, i: usize, server: u64, now: Instant) {
+        let local = SETTLE_LIMIT - self.used(now);
+        let over = u64::from(local).saturating_sub(server) as u32;
+        // An admission of cost 0 charged nothing: the store need not know it.
+        let (_, at, estimate, _) = self.charges[i];
+        let at = if at + SETTLE_SPAN > now && estimate > 0 {
+            at
+        } else {
+            now
+        };
+        self.add_at(at, over, now);
+    }
+}
+
+/// Cases of the settle property.
+pub fn settle_cases() -> impl Strategy<Value = Vec<SettleOp>> {
+    let ops = Union::new_weighted(vec![
+        (5, (0u32..=12).prop_map(SettleOp::Admit).boxed()),
+        (
+            4,
+            (any::<Index>(), 0u32..=30)
+                .prop_map(|(i, a)| SettleOp::Settle(i, a))
+                .boxed(),
+        ),
+        (
+            2,
+            (any::<Index>(), 0u64..=25)
+                .prop_map(|(i, r)| SettleOp::Remaining(i, r))
+                .boxed(),
+        ),
+        (3, (0u64..=700).prop_map(SettleOp::Advance).boxed()),
+    ]);
+    prop::collection::vec(ops, 1..60)
+}
+
+/// Runs one settle case against `store` and the model.
+pub async fn run_settle_case<S: Store>(store: &S, ops: &[SettleOp]) {
+    let window = window(SETTLE_LIMIT, SETTLE_SPAN, Duration::ZERO).with_unit(Unit::Tokens);
+    let scope = open(store, &Limits::new().with_window(window));
+    let mut model = WindowModel::default();
+    for (step, op) in ops.iter().enumerate() {
+        let now = Instant::now();
+        match *op {
+            SettleOp::Admit(cost) => {
+                let want = model.admit(cost, now);
+                match (admit(store, &scope, cost).await, want) {
+                    (Admission::Admitted(lease), Ok(())) => {
+                        store.release(&scope, lease);
+                        model.charges.push((lease, now, cost, false));
+                    }
+                    (Admission::NotBefore(got), Err(wait)) => {
+                        assert_eq!(got, wait, "step {step} {op:?}: {ops:?}")
+                    }
+                    (got, want) => panic!("step {step} {op:?}: got {got:?}, model {want:?}"),
+                }
+            }
+            SettleOp::Settle(i, actual) if !model.charges.is_empty() => {
+                let i = i.index(model.charges.len());
+                settle(
+                    store,
+                    &scope,
+                    model.charges[i].0,
+                    Settlement::actual(actual),
+                )
+                .await;
+                model.settle(i, actual, now);
+            }
+            SettleOp::Remaining(i, server) if !model.charges.is_empty() => {
+                let i = i.index(model.charges.len());
+                let lease = model.charges[i].0;
+                settle(store, &scope, lease, Settlement::tokens_remaining(server)).await;
+                model.remaining(i, server, now);
+            }
+            SettleOp::Settle(..) | SettleOp::Remaining(..) => {}
+            SettleOp::Advance(n) => advance(ms(n)).await,
+        }
+        assert!(model.used(Instant::now()) <= SETTLE_LIMIT);
+    }
+}
+
+/// Random admissions, settlements, reports of tokens remaining and waits on one token window:
+/// every admission answer is the model's (which never counts past the limit nor refunds more
+/// than a charge).
+pub fn prop_settle_matches_the_window_model<S, F, Fut>(make: F)
+where
+    S: Store,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    let config = ProptestConfig {
+        cases: 128,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let result = runner.run(&settle_cases(), |ops| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a tokio runtime");
+        rt.block_on(async {
+            let store = make().await;
+            run_settle_case(&store, &ops).await;
+        });
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("settle against the window model: {e}");
+    }
 }

@@ -6,8 +6,8 @@
 -- (-1: none), ARGV[4] lease id, ARGV[5] lease TTL (us), ARGV[6] windows, ARGV[7] buckets,
 -- ARGV[8] release channel, ARGV[9] scope id, ARGV[10] this process's id, ARGV[11] leases this
 -- process holds, ARGV[12] leases released since the last call, then those lease ids, then
--- (limit, span us) per window, then (t us, tau us, guard us) per bucket.
--- Answers {0} admitted, {1, us} cooldown, {2} in-flight full, {3, us} quota, or an error.
+-- (limit, span us, units charged) per window, then (t us, tau us, guard us) per bucket.
+-- Answers {0, now} admitted, {1, us} cooldown, {2} in-flight full, {3, us} quota, or an error.
 local now = now_us(ARGV[1])
 local cost = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
@@ -57,10 +57,10 @@ if cost > 0 then
   local ready = now
   for i = 1, nw do
     local log, units = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
-    local limit, span = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
-    at = at + 2
-    local over = window_total(log, units, now - span) + cost - limit
-    if over > 0 then
+    local limit, span, charge = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    at = at + 3
+    local over = window_total(log, units, now - span) + charge - limit
+    if charge > 0 and over > 0 then
       local when = window_ready(log, units, over, span, now)
       if when > ready then ready = when end
     end
@@ -70,23 +70,12 @@ if cost > 0 then
     local key = KEYS[3 + 2 * nw + i]
     local t, tau, guard = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
     at = at + 3
-    local kept = redis.call('GET', key)
-    if kept then
-      kept = tonumber(kept)
-      if not kept then error('reqwest-throttle: corrupt token bucket ' .. key) end
-    end
-    -- GCRA as governor computes it, the guard kept in hand (src/store/token_bucket.rs).
-    local shown = kept and kept + guard
-    local tat = shown or now
-    local extra = t * (cost - 1)
-    local earliest = tat + extra - tau
-    if now < earliest then return {3, earliest - now} end
-    local nxt = math.max(tat, now) + t + extra
-    if kept then nxt = math.max(kept, now) + (nxt - math.max(shown, now)) end
+    local nxt, earliest = gcra_take(bucket_state(key), now, t, tau, guard, cost)
+    if not nxt then return {3, earliest - now} end
     bucket_tat[i] = nxt
   end
 else
-  at = at + 2 * nw + 3 * nb
+  at = at + 3 * nw + 3 * nb
 end
 
 -- Admitted: charge everything.
@@ -98,11 +87,11 @@ end
 if cost > 0 then
   local w = 14 + nrel
   for i = 1, nw do
-    local span = tonumber(ARGV[w + 2 * (i - 1)])
-    window_add(KEYS[2 + 2 * i], KEYS[3 + 2 * i], ARGV[4], now, cost, span)
+    local span, charge = tonumber(ARGV[w + 3 * (i - 1)]), tonumber(ARGV[w + 3 * (i - 1) + 1])
+    if charge > 0 then window_add(KEYS[2 + 2 * i], KEYS[3 + 2 * i], ARGV[4], now, charge, span) end
   end
   for i = 1, nb do
     redis.call('SET', KEYS[3 + 2 * nw + i], bucket_tat[i], 'PX', ms_ceil(bucket_tat[i] - now))
   end
 end
-return {0}
+return {0, now}

@@ -5,7 +5,7 @@ mod health;
 mod script;
 mod tasks;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -19,7 +19,7 @@ use tokio::time::Instant;
 pub use health::OnUnavailable;
 
 use super::memory::{MemoryScope, MemoryStore};
-use super::{Admission, LeaseId, Limits, ScopeId, Store, StoreError};
+use super::{Admission, LeaseId, Limits, ScopeId, Settlement, Store, StoreError};
 use crate::sync::lock;
 use conn::{Conn, Target};
 use health::Health;
@@ -283,6 +283,20 @@ pub(crate) struct ScopeState {
     busy_until: Mutex<Option<Instant>>,
     /// Notified when another process released a lease of this scope.
     released_elsewhere: Notify,
+    /// Recent admissions that charged a quota, oldest first, for [`Store::settle`].
+    charges: Mutex<VecDeque<Charge>>,
+}
+
+/// One admission's charge, until it is settled or no quota counts it any more.
+#[derive(Debug, Clone, Copy)]
+struct Charge {
+    lease: u64,
+    /// When Redis admitted it (µs, Redis time): the send's place in the windows.
+    sent: i64,
+    /// When this process saw it admitted.
+    at: Instant,
+    /// The estimate charged; `None` once settled with a true cost (settled for good).
+    cost: Option<u32>,
 }
 
 impl Drop for Shared {
@@ -446,6 +460,46 @@ impl ScopeState {
         }
     }
 
+    /// Keeps an admission's charge for a settlement, when some quota counts its cost.
+    fn remember(&self, limits: &Limits, lease: u64, sent: i64, cost: u32, now: Instant) {
+        let counts =
+            !limits.buckets.is_empty() || limits.windows.iter().any(|w| w.unit.counts_cost());
+        if !counts {
+            return;
+        }
+        let mut charges = lock(&self.charges);
+        Self::forget(&mut charges, limits, now);
+        charges.push_back(Charge {
+            lease,
+            sent,
+            at: now,
+            cost: Some(cost),
+        });
+    }
+
+    /// Drops the charges no quota counts any more.
+    fn forget(charges: &mut VecDeque<Charge>, limits: &Limits, now: Instant) {
+        let memory = Self::busy_for(limits);
+        while charges.front().is_some_and(|c| c.at + memory <= now) {
+            charges.pop_front();
+        }
+    }
+
+    /// The send time and estimate of `lease`'s charge, as a settlement with `actual` (or
+    /// not) sees it: a charge settled with a true cost keeps its place, not its estimate.
+    fn charge_of(&self, limits: &Limits, lease: u64, actual: bool) -> (Option<i64>, Option<u32>) {
+        let mut charges = lock(&self.charges);
+        Self::forget(&mut charges, limits, Instant::now());
+        match charges.binary_search_by_key(&lease, |c| c.lease) {
+            Ok(i) => {
+                let c = &mut charges[i];
+                let estimate = if actual { c.cost.take() } else { c.cost };
+                (Some(c.sent), estimate)
+            }
+            Err(_) => (None, None),
+        }
+    }
+
     /// How long an admission keeps this scope from being fresh: its longest window, or the
     /// time its fullest bucket takes to refill.
     fn busy_for(limits: &Limits) -> Duration {
@@ -502,15 +556,14 @@ impl RedisStore {
         }
         let micros = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
         Ok(match answer.as_slice() {
-            [0] => {
+            [0, sent] => {
                 if limits.max_in_flight.is_some() {
                     lock(&st.held).push(lease);
                 }
                 if cost > 0 {
-                    st.mark_busy(crate::clock::instant_after(
-                        now,
-                        ScopeState::busy_for(&limits),
-                    ));
+                    let busy = ScopeState::busy_for(&limits);
+                    st.mark_busy(crate::clock::instant_after(now, busy));
+                    st.remember(&limits, lease, *sent, cost, now);
                 }
                 Admission::Admitted(LeaseId(lease))
             }
@@ -554,6 +607,7 @@ impl Store for RedisStore {
             local: self.shared.memory.open(id, limits),
             busy_until: Mutex::default(),
             released_elsewhere: Notify::new(),
+            charges: Mutex::default(),
         });
         lock(&self.shared.scopes).insert(id, Arc::downgrade(&state));
         RedisScope { state }
@@ -644,6 +698,56 @@ impl Store for RedisStore {
             let (t, tau) = script::gcra(&limits.buckets[i]);
             call.key(&keys.buckets[i]).arg(t).arg(tau);
         }
+        match self.shared.run::<i64>(call).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.shared.health.failed(&e, Instant::now());
+                self.unavailable()
+            }
+        }
+    }
+
+    async fn settle(
+        &self,
+        scope: &RedisScope,
+        lease: LeaseId,
+        settlement: Settlement,
+    ) -> Result<(), StoreError> {
+        let st = &scope.state;
+        let (limits, keys) = lock(&st.limits).clone();
+        let (sent, estimate) = match lease.0 {
+            // Admitted without Redis: the charge is local; a report of tokens remaining
+            // still speaks of the shared window.
+            UNCOUNTED => (None, None),
+            id if id & LOCAL != 0 => {
+                let local = LeaseId(id & !LOCAL);
+                self.shared
+                    .memory
+                    .settle(&st.local, local, settlement)
+                    .await?;
+                (None, None)
+            }
+            id => st.charge_of(&limits, id, settlement.actual.is_some()),
+        };
+        let settling = settlement.actual.is_some() && estimate.is_some();
+        if !settling && settlement.tokens_remaining.is_none() {
+            return Ok(());
+        }
+        if !self.shared.health.may_ask(Instant::now()) {
+            return self.unavailable();
+        }
+        let call = script::settle(
+            &self.shared.scripts,
+            &keys,
+            &limits,
+            &self.shared.now_arg(),
+            script::Entry {
+                lease: lease.0,
+                sent,
+                estimate,
+            },
+            settlement,
+        );
         match self.shared.run::<i64>(call).await {
             Ok(_) => Ok(()),
             Err(e) => {

@@ -61,3 +61,22 @@ local function window_add(log, units, id, at, n, span)
   redis.call('PEXPIRE', log, ms_ceil(span))
   redis.call('PEXPIRE', units, ms_ceil(span))
 end
+
+-- One token bucket's GCRA, as governor computes it, with `guard` of its tolerance kept in hand
+-- (src/store/token_bucket.rs): the bucket's state after taking `n` cells at `now`, or nil and
+-- the earliest time they fit. `kept` is the stored theoretical arrival time (nil: full).
+local function gcra_take(kept, now, t, tau, guard, n)
+  local shown = kept and kept + guard
+  local tat = shown or now
+  local extra = t * (n - 1)
+  local earliest = tat + extra - tau
+  if now < earliest then return nil, earliest end
+  local nxt = math.max(tat, now) + t + extra
+  if kept then nxt = math.max(kept, now) + (nxt - math.max(shown, now)) end
+  return nxt
+end
+
+local function bucket_state(key)
+  local kept = redis.call('GET', key)
+  return kept and number_or_error(kept, 'token bucket ' .. key)
+end

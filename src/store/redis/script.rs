@@ -14,15 +14,32 @@ pub(super) struct Scripts {
     pub(super) cooldown: Script,
     pub(super) leases: Script,
     pub(super) empty: Script,
+    pub(super) settle: Script,
 }
 
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            admit: Script::new(concat!(include_str!("prelude.lua"), include_str!("admit.lua"))),
-            cooldown: Script::new(concat!(include_str!("prelude.lua"), include_str!("cooldown.lua"))),
-            leases: Script::new(concat!(include_str!("prelude.lua"), include_str!("leases.lua"))),
-            empty: Script::new(concat!(include_str!("prelude.lua"), include_str!("empty.lua"))),
+            admit: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("admit.lua")
+            )),
+            cooldown: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("cooldown.lua")
+            )),
+            leases: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("leases.lua")
+            )),
+            empty: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("empty.lua")
+            )),
+            settle: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("settle.lua")
+            )),
         }
     }
 }
@@ -86,6 +103,79 @@ impl Keys {
     }
 }
 
+/// How long a window counts a send: its window and guard, in µs.
+fn span(w: &crate::store::WindowQuota) -> u64 {
+    micros(w.window.saturating_add(w.guard))
+}
+
+/// The keys of every window (log, units) and bucket, in the scripts' order.
+fn quota_keys(call: &mut ScriptInvocation<'_>, keys: &Keys) {
+    for w in &keys.windows {
+        call.key(w).key(format!("{w}:units"));
+    }
+    for b in &keys.buckets {
+        call.key(b);
+    }
+}
+
+/// An admission as a settlement names it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Entry {
+    /// Its lease id (its entry's id in the windows).
+    pub(super) lease: u64,
+    /// When Redis admitted it (µs, Redis time), if known.
+    pub(super) sent: Option<i64>,
+    /// Its estimate, in units; `None`: unknown or already settled.
+    pub(super) estimate: Option<u32>,
+}
+
+/// The settlement script's call for `entry`.
+pub(super) fn settle<'a>(
+    scripts: &'a Scripts,
+    keys: &Keys,
+    limits: &Limits,
+    now: &str,
+    entry: Entry,
+    settlement: crate::store::Settlement,
+) -> ScriptInvocation<'a> {
+    let Entry {
+        lease,
+        sent,
+        estimate,
+    } = entry;
+    use crate::store::Unit;
+    let text = |v: Option<String>| v.unwrap_or_default();
+    let mut call = scripts.settle.prepare_invoke();
+    quota_keys(&mut call, keys);
+    call.arg(now)
+        .arg(lease)
+        .arg(text(sent.map(|s| s.to_string())))
+        .arg(text(estimate.map(|e| e.to_string())))
+        .arg(text(settlement.actual.map(|a| a.to_string())))
+        .arg(text(settlement.tokens_remaining.map(|r| r.to_string())))
+        .arg(limits.windows.len())
+        .arg(limits.buckets.len());
+    for w in &limits.windows {
+        let unit = match w.unit {
+            Unit::Requests => 1,
+            Unit::Tokens => 2,
+            _ => 0,
+        };
+        call.arg(w.limit.get()).arg(span(w)).arg(unit);
+    }
+    bucket_args(&mut call, limits);
+    call
+}
+
+/// (t, tau, guard) in µs per token bucket.
+fn bucket_args(call: &mut ScriptInvocation<'_>, limits: &Limits) {
+    let guard = micros(limits.bucket_guard);
+    for q in &limits.buckets {
+        let (t, tau) = gcra(q);
+        call.arg(t).arg(tau).arg(guard);
+    }
+}
+
 /// The admission script's call for `cost` units; `process` is this process's id and the
 /// leases it holds in the scope.
 #[allow(clippy::too_many_arguments)]
@@ -132,12 +222,9 @@ pub(super) fn admit<'a>(
     }
     for w in &limits.windows {
         call.arg(w.limit.get())
-            .arg(micros(w.window.saturating_add(w.guard)));
+            .arg(span(w))
+            .arg(w.unit.charge(cost));
     }
-    let guard = micros(limits.bucket_guard);
-    for q in &limits.buckets {
-        let (t, tau) = gcra(q);
-        call.arg(t).arg(tau).arg(guard);
-    }
+    bucket_args(&mut call, limits);
     call
 }
