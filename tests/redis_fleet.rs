@@ -377,3 +377,35 @@ fn four_processes_share_one_quota_against_the_gateway() {
     assert!(stats.max_in_window <= GATEWAY_WINDOW_LIMIT, "{stats:?}");
     assert!(stats.peak_parallel <= GATEWAY_PARALLEL, "{stats:?}");
 }
+
+/// The leases key of scope `id` under the default namespace.
+fn leases_key(id: ScopeId) -> String {
+    format!("reqwest-throttle:{{{:032x}}}:leases", id.as_u128())
+}
+
+#[tokio::test]
+async fn an_admission_dropped_while_redis_runs_its_script_leases_no_slot() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = RedisStore::builder(server.url())
+        .timeout(None)
+        .build()
+        .unwrap();
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let scope = store.open(id, &Limits::new().with_max_in_flight(Some(1)));
+    let Admission::Admitted(lease) = store.admit(&scope, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    store.release(&scope, lease);
+    server.signal("STOP");
+    // Sent, then dropped before Redis answers (a caller's deadline, say).
+    let dropped = tokio::time::timeout(Duration::from_millis(200), store.admit(&scope, 1)).await;
+    assert!(dropped.is_err(), "a stopped Redis answered");
+    server.signal("CONT");
+    // Redis runs the dropped admission's script, then this one: the slot is free again.
+    let Admission::Admitted(lease) = store.admit(&scope, 1).await.unwrap() else {
+        panic!("the dropped admission kept the only slot");
+    };
+    store.release(&scope, lease);
+}

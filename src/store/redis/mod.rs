@@ -458,6 +458,22 @@ impl ScopeState {
     }
 }
 
+/// The lease of an admission script sent and not answered: released on drop.
+struct Unanswered<'a> {
+    st: &'a ScopeState,
+    shared: &'a Shared,
+    lease: Option<u64>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease {
+            lock(&self.st.released).push(lease);
+            self.shared.flush.notify_one();
+        }
+    }
+}
+
 /// A Redis answer that is not one the scripts give.
 fn unexpected(answer: &[i64]) -> String {
     format!("unexpected answer from the admission script: {answer:?}")
@@ -484,19 +500,17 @@ impl RedisStore {
             (shared.lease_prefix, lock(&st.held).len()),
             &released,
         );
-        let answer: Vec<i64> = match shared.run(call).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                // The script may still run (a stalled Redis answers later): its lease, if
-                // any, is released with the next call, so that it does not hold a slot
-                // until it expires. A send it counted stays counted (the safe side).
-                if limits.max_in_flight.is_some() {
-                    lock(&st.released).push(lease);
-                    shared.flush.notify_one();
-                }
-                return Err(e);
-            }
+        // Until Redis answers (an error, a timeout, or this future dropped by its caller),
+        // the script may still run: its lease, if any, is released with the next call, so
+        // that it does not hold a slot until it expires. A send it counted stays counted
+        // (the safe side).
+        let mut unanswered = Unanswered {
+            st,
+            shared,
+            lease: limits.max_in_flight.map(|_| lease),
         };
+        let answer: Vec<i64> = shared.run(call).await?;
+        unanswered.lease = None;
         if !released.is_empty() {
             lock(&st.released).retain(|id| !released.contains(id));
         }

@@ -19,10 +19,22 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            admit: Script::new(concat!(include_str!("prelude.lua"), include_str!("admit.lua"))),
-            cooldown: Script::new(concat!(include_str!("prelude.lua"), include_str!("cooldown.lua"))),
-            leases: Script::new(concat!(include_str!("prelude.lua"), include_str!("leases.lua"))),
-            empty: Script::new(concat!(include_str!("prelude.lua"), include_str!("empty.lua"))),
+            admit: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("admit.lua")
+            )),
+            cooldown: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("cooldown.lua")
+            )),
+            leases: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("leases.lua")
+            )),
+            empty: Script::new(concat!(
+                include_str!("prelude.lua"),
+                include_str!("empty.lua")
+            )),
         }
     }
 }
