@@ -409,3 +409,30 @@ async fn an_admission_dropped_while_redis_runs_its_script_leases_no_slot() {
     };
     store.release(&scope, lease);
 }
+
+#[tokio::test]
+async fn two_scopes_of_one_id_in_one_store_both_send_their_releases() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    // Two throttles on one store, say: each opens the scope of the same key.
+    let store = RedisStore::new(server.url()).unwrap();
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let limits = Limits::new().with_max_in_flight(Some(2));
+    let (first, second) = (store.open(id, &limits), store.open(id, &limits));
+    let Admission::Admitted(lease) = store.admit(&first, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    let Admission::Admitted(_held) = store.admit(&second, 1).await.unwrap() else {
+        panic!("a second slot");
+    };
+    store.release(&first, lease);
+    // The lease task sends the release (no admission of the first scope follows).
+    for _ in 0..100 {
+        if server.cli(&["ZCARD", &leases_key(id)]) == "1" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the first scope's release never reached Redis");
+}

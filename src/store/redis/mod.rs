@@ -241,8 +241,9 @@ pub(crate) struct Shared {
     tasks: OnceLock<()>,
     scripts: Scripts,
     health: Health,
-    /// The scopes alive in this process, by id: for renewals and published releases.
-    scopes: Mutex<HashMap<ScopeId, Weak<ScopeState>>>,
+    /// The scopes alive in this process, by id (several per id when several throttles
+    /// share the store): for renewals and published releases.
+    scopes: Mutex<HashMap<ScopeId, Vec<Weak<ScopeState>>>>,
     /// Wakes the lease task: a release to send (or the store dropped).
     flush: Arc<Notify>,
     /// Stops the subscriber task (the store dropped).
@@ -569,7 +570,11 @@ impl Store for RedisStore {
             busy_until: Mutex::default(),
             released_elsewhere: Notify::new(),
         });
-        lock(&self.shared.scopes).insert(id, Arc::downgrade(&state));
+        let mut scopes = lock(&self.shared.scopes);
+        let same_id = scopes.entry(id).or_default();
+        same_id.retain(|w| w.strong_count() > 0);
+        same_id.push(Arc::downgrade(&state));
+        drop(scopes);
         RedisScope { state }
     }
 

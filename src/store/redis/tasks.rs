@@ -82,8 +82,11 @@ async fn send_orphans(shared: &Arc<Shared>) -> bool {
 async fn send_scopes(shared: &Arc<Shared>, renew: bool) -> bool {
     let scopes: Vec<Arc<ScopeState>> = {
         let mut map = lock(&shared.scopes);
-        map.retain(|_, w| w.strong_count() > 0);
-        map.values().filter_map(Weak::upgrade).collect()
+        map.retain(|_, same_id| {
+            same_id.retain(|w| w.strong_count() > 0);
+            !same_id.is_empty()
+        });
+        map.values().flatten().filter_map(Weak::upgrade).collect()
     };
     let mut pending = false;
     for scope in scopes {
@@ -137,17 +140,17 @@ async fn subscriber(weak: Weak<Shared>) {
             let mut messages = pubsub.into_on_message();
             while let Some(msg) = messages.next().await {
                 let shared = weak.upgrade()?;
-                let scope = msg
+                let scopes: Vec<Arc<ScopeState>> = msg
                     .get_payload::<String>()
                     .ok()
                     .and_then(|hex| u128::from_str_radix(&hex, 16).ok())
                     .and_then(|bits| {
                         let scopes = lock(&shared.scopes);
-                        scopes
-                            .get(&ScopeId::from_u128(bits))
-                            .and_then(Weak::upgrade)
-                    });
-                if let Some(scope) = scope {
+                        let same_id = scopes.get(&ScopeId::from_u128(bits))?;
+                        Some(same_id.iter().filter_map(Weak::upgrade).collect())
+                    })
+                    .unwrap_or_default();
+                for scope in scopes {
                     scope.released_elsewhere.notify_waiters();
                 }
             }
