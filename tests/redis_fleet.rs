@@ -436,3 +436,26 @@ async fn two_scopes_of_one_id_in_one_store_both_send_their_releases() {
     }
     panic!("the first scope's release never reached Redis");
 }
+
+#[tokio::test]
+async fn releases_pending_when_the_store_is_dropped_still_reach_redis() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    let store = RedisStore::new(server.url()).unwrap();
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let scope = store.open(id, &Limits::new().with_max_in_flight(Some(1)));
+    let Admission::Admitted(lease) = store.admit(&scope, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    store.release(&scope, lease);
+    // A process done with its throttle: the last handles go before the lease task ran.
+    drop((scope, store));
+    for _ in 0..100 {
+        if server.cli(&["ZCARD", &leases_key(id)]) == "0" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the release was lost with the store");
+}

@@ -200,7 +200,10 @@ impl RedisStoreBuilder {
 /// Leases are renewed by one background task per store while held; a crashed process's
 /// leases expire after the lease TTL (default 30 s). A release is sent at once by that task
 /// (or with the next admission of the scope, whichever is first) and published, so waiters in
-/// other processes try again at once; a bounded poll covers a missed message.
+/// other processes try again at once; a bounded poll covers a missed message. Releases not
+/// sent yet when the store's last handle is dropped are sent on a task of their own (on the
+/// runtime of the drop, if any); an admission dropped before Redis answered releases its
+/// lease with the next call.
 ///
 /// While processes wait for an in-flight slot, one holding more than its share (the cap over
 /// the processes asking) is refused the next free slot, so that a released slot does not
@@ -291,6 +294,7 @@ impl Drop for Shared {
         // The background tasks hold no strong reference: wake them to see it is gone.
         self.flush.notify_one();
         self.stop.notify_one();
+        tasks::send_last_releases(self);
     }
 }
 

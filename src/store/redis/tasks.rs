@@ -57,16 +57,15 @@ async fn send_orphans(shared: &Arc<Shared>) -> bool {
     let orphans = std::mem::take(&mut *lock(&shared.orphans));
     let mut failed = Vec::new();
     for (leases, id_hex, ids) in orphans {
-        let mut call = shared.scripts.leases.prepare_invoke();
-        call.key(&leases)
-            .arg(shared.now_arg())
-            .arg(script::micros(shared.config.lease_ttl))
-            .arg(&shared.channel)
-            .arg(&id_hex)
-            .arg(ids.len());
-        for id in &ids {
-            call.arg(*id);
-        }
+        let call = script::release(
+            &shared.scripts.leases,
+            &leases,
+            &shared.now_arg(),
+            shared.config.lease_ttl,
+            &shared.channel,
+            &id_hex,
+            &ids,
+        );
         if let Err(e) = shared.run::<i64>(call).await {
             shared.health.failed(&e, Instant::now());
             failed.push((leases, id_hex, ids));
@@ -166,4 +165,31 @@ async fn subscriber(weak: Weak<Shared>) {
         }
         pause = (pause * 2).min(RECONNECT.1);
     }
+}
+
+/// Sends the releases of scopes dropped with their store (the store's last handle gone
+/// before the lease task sent them), on a task of their own: once each, within the timeout.
+pub(super) fn send_last_releases(shared: &Shared) {
+    let orphans = std::mem::take(&mut *lock(&shared.orphans));
+    let (false, Some(conn), Ok(runtime)) = (
+        orphans.is_empty(),
+        shared.conn.get().cloned(),
+        tokio::runtime::Handle::try_current(),
+    ) else {
+        return;
+    };
+    let script = shared.scripts.leases.clone();
+    let (now, ttl) = (shared.now_arg(), shared.config.lease_ttl);
+    let (channel, timeout) = (shared.channel.clone(), shared.config.timeout);
+    runtime.spawn(async move {
+        let mut conn = conn;
+        for (leases, id_hex, ids) in orphans {
+            let call = script::release(&script, &leases, &now, ttl, &channel, &id_hex, &ids);
+            let sent = call.invoke_async::<i64>(&mut conn);
+            let _ = match timeout {
+                Some(t) => tokio::time::timeout(t, sent).await.ok(),
+                None => Some(sent.await),
+            };
+        }
+    });
 }
