@@ -459,3 +459,36 @@ async fn releases_pending_when_the_store_is_dropped_still_reach_redis() {
     }
     panic!("the release was lost with the store");
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_one_slot_a_process_that_released_it_yields_it_to_a_waiting_one() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    let make = || {
+        RedisStore::builder(server.url())
+            .local_clock_for_tests()
+            .jitter(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (make(), make());
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let limits = Limits::new().with_max_in_flight(Some(1));
+    let (sa, sb) = (a.open(id, &limits), b.open(id, &limits));
+    let Admission::Admitted(lease) = a.admit(&sa, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    assert_eq!(b.admit(&sb, 1).await.unwrap(), Admission::InFlightFull);
+    a.release(&sa, lease);
+    // b waits: a asks first, but the freed slot is b's; then a's, while a waits.
+    assert_eq!(a.admit(&sa, 1).await.unwrap(), Admission::InFlightFull);
+    let Admission::Admitted(lease) = b.admit(&sb, 1).await.unwrap() else {
+        panic!("b waited for the slot a released");
+    };
+    b.release(&sb, lease);
+    assert_eq!(b.admit(&sb, 1).await.unwrap(), Admission::InFlightFull);
+    let Admission::Admitted(_) = a.admit(&sa, 1).await.unwrap() else {
+        panic!("a waited for the slot b released");
+    };
+}

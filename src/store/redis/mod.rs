@@ -207,7 +207,9 @@ impl RedisStoreBuilder {
 ///
 /// While processes wait for an in-flight slot, one holding more than its share (the cap over
 /// the processes asking) is refused the next free slot, so that a released slot does not
-/// always go to the process that released it (which asks first).
+/// always go to the process that released it (which asks first); a process not waiting is
+/// also refused a slot that would put it above the exact share (with one slot and two
+/// processes, the one that released it yields it to the one waiting).
 ///
 /// While Redis does not answer within the timeout (default 250 ms), admission follows
 /// [`OnUnavailable`], and Redis is left alone for a pause that doubles per failure (100 ms up
