@@ -492,3 +492,17 @@ async fn with_one_slot_a_process_that_released_it_yields_it_to_a_waiting_one() {
         panic!("a waited for the slot b released");
     };
 }
+
+#[test]
+fn a_lease_ttl_of_zero_is_refused_by_build() {
+    let built = RedisStore::builder("redis://127.0.0.1:1")
+        .lease_ttl(Duration::ZERO)
+        .build();
+    let Err(e) = built else {
+        panic!("a zero lease TTL was accepted: no lease would hold a slot");
+    };
+    assert_eq!(
+        e.to_string(),
+        "rate-limit store unavailable: Redis lease TTL of zero"
+    );
+}

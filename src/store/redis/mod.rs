@@ -128,9 +128,13 @@ impl RedisStoreBuilder {
     /// [`OnUnavailable`] applies.
     ///
     /// # Errors
-    /// [`StoreError`] when the URL is not a Redis URL, or the namespace holds `{` or `}`
-    /// (they would break the keys' cluster hash tag).
+    /// [`StoreError`] when the URL is not a Redis URL, the namespace holds `{` or `}`
+    /// (they would break the keys' cluster hash tag), or the lease TTL is zero (a lease
+    /// would expire as it is granted: no in-flight cap).
     pub fn build(self) -> Result<RedisStore, StoreError> {
+        if self.lease_ttl.is_zero() {
+            return Err(StoreError::new("Redis lease TTL of zero"));
+        }
         if self.namespace.contains(['{', '}']) {
             return Err(StoreError::new(format!(
                 "Redis namespace {:?} holds '{{' or '}}'",
