@@ -506,3 +506,26 @@ fn a_lease_ttl_of_zero_is_refused_by_build() {
         "rate-limit store unavailable: Redis lease TTL of zero"
     );
 }
+
+#[tokio::test]
+async fn a_corrupt_key_of_one_scope_leaves_the_other_scopes_on_redis() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    let store = store(server, OnUnavailable::FailClosed);
+    let (x, y) = (
+        ScopeId::from_u128(uuid::Uuid::new_v4().as_u128()),
+        ScopeId::from_u128(uuid::Uuid::new_v4().as_u128()),
+    );
+    let (sx, sy) = (store.open(x, &Limits::new()), store.open(y, &Limits::new()));
+    let cooldown = leases_key(x).replace(":leases", ":cooldown");
+    assert_eq!(server.cli(&["SET", &cooldown, "garbage"]), "OK");
+    let Err(e) = store.admit(&sx, 1).await else {
+        panic!("a corrupt cooldown admitted");
+    };
+    assert!(e.to_string().contains("corrupt cooldown"), "{e}");
+    let Ok(Admission::Admitted(_)) = store.admit(&sy, 1).await else {
+        panic!("a healthy scope was refused for another scope's corrupt key");
+    };
+    assert_eq!(store.errors(), 1);
+}

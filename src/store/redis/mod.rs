@@ -217,7 +217,9 @@ impl RedisStoreBuilder {
 ///
 /// While Redis does not answer within the timeout (default 250 ms), admission follows
 /// [`OnUnavailable`], and Redis is left alone for a pause that doubles per failure (100 ms up
-/// to 5 s) before it is asked again.
+/// to 5 s) before it is asked again. A script's error on one scope's keys (a key holding
+/// something unexpected) gets the same answer for that call, without the pause: the other
+/// scopes stay on Redis.
 ///
 /// Cloning is cheap (an `Arc`). Give it to
 /// [`ThrottleBuilder::store`](crate::ThrottleBuilder::store).
@@ -417,7 +419,7 @@ impl Shared {
     async fn run<T: redis::FromRedisValue>(
         self: &Arc<Self>,
         call: redis::ScriptInvocation<'_>,
-    ) -> Result<T, String> {
+    ) -> Result<T, Failure> {
         self.commands.fetch_add(1, Ordering::Relaxed);
         let answer = async {
             let mut conn = self.conn().await.map_err(|e| {
@@ -433,7 +435,22 @@ impl Shared {
             }),
             None => answer.await,
         };
-        answer.map_err(|e| e.to_string())
+        answer.map_err(|e| Failure {
+            script: matches!(
+                e.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+            ) || e.code() == Some("WRONGTYPE"),
+            message: e.to_string(),
+        })
+    }
+
+    /// Counts `failure`; Redis is left alone for a pause unless only a script failed.
+    fn failed(&self, failure: &Failure) {
+        if failure.script {
+            self.health.script_failed(&failure.message, Instant::now());
+        } else {
+            self.health.failed(&failure.message, Instant::now());
+        }
     }
 
     fn lease_id(&self) -> u64 {
@@ -485,13 +502,25 @@ impl Drop for Unanswered<'_> {
     }
 }
 
+/// A call to Redis that failed.
+#[derive(Debug)]
+pub(super) struct Failure {
+    message: String,
+    /// Redis answered with an error of the script (`ERR` raised by it, `WRONGTYPE`): a key of
+    /// one scope holds something unexpected; Redis itself answers.
+    script: bool,
+}
+
 /// A Redis answer that is not one the scripts give.
-fn unexpected(answer: &[i64]) -> String {
-    format!("unexpected answer from the admission script: {answer:?}")
+fn unexpected(answer: &[i64]) -> Failure {
+    Failure {
+        message: format!("unexpected answer from the admission script: {answer:?}"),
+        script: true,
+    }
 }
 
 impl RedisStore {
-    async fn admit_remote(&self, scope: &RedisScope, cost: u32) -> Result<Admission, String> {
+    async fn admit_remote(&self, scope: &RedisScope, cost: u32) -> Result<Admission, Failure> {
         let shared = &self.shared;
         let st = &scope.state;
         let (limits, keys) = lock(&st.limits).clone();
@@ -600,7 +629,7 @@ impl Store for RedisStore {
                     self.shared.health.succeeded();
                     return Ok(answer);
                 }
-                Err(e) => self.shared.health.failed(&e, Instant::now()),
+                Err(e) => self.shared.failed(&e),
             }
         }
         self.admit_fallback(scope, cost).await
@@ -644,7 +673,7 @@ impl Store for RedisStore {
                 Ok(())
             }
             Err(e) => {
-                self.shared.health.failed(&e, Instant::now());
+                self.shared.failed(&e);
                 self.unavailable()
             }
         }
@@ -676,7 +705,7 @@ impl Store for RedisStore {
         match self.shared.run::<i64>(call).await {
             Ok(_) => Ok(()),
             Err(e) => {
-                self.shared.health.failed(&e, Instant::now());
+                self.shared.failed(&e);
                 self.unavailable()
             }
         }

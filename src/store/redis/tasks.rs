@@ -67,7 +67,7 @@ async fn send_orphans(shared: &Arc<Shared>) -> bool {
             &ids,
         );
         if let Err(e) = shared.run::<i64>(call).await {
-            shared.health.failed(&e, Instant::now());
+            shared.failed(&e);
             failed.push((leases, id_hex, ids));
         }
     }
@@ -112,7 +112,7 @@ async fn send_scopes(shared: &Arc<Shared>, renew: bool) -> bool {
         match shared.run::<i64>(call).await {
             Ok(_) => lock(&scope.released).retain(|id| !released.contains(id)),
             Err(e) => {
-                shared.health.failed(&e, Instant::now());
+                shared.failed(&e);
                 pending |= !released.is_empty();
             }
         }
