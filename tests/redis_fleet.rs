@@ -377,3 +377,155 @@ fn four_processes_share_one_quota_against_the_gateway() {
     assert!(stats.max_in_window <= GATEWAY_WINDOW_LIMIT, "{stats:?}");
     assert!(stats.peak_parallel <= GATEWAY_PARALLEL, "{stats:?}");
 }
+
+/// The leases key of scope `id` under the default namespace.
+fn leases_key(id: ScopeId) -> String {
+    format!("reqwest-throttle:{{{:032x}}}:leases", id.as_u128())
+}
+
+#[tokio::test]
+async fn an_admission_dropped_while_redis_runs_its_script_leases_no_slot() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = RedisStore::builder(server.url())
+        .timeout(None)
+        .build()
+        .unwrap();
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let scope = store.open(id, &Limits::new().with_max_in_flight(Some(1)));
+    let Admission::Admitted(lease) = store.admit(&scope, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    store.release(&scope, lease);
+    server.signal("STOP");
+    // Sent, then dropped before Redis answers (a caller's deadline, say).
+    let dropped = tokio::time::timeout(Duration::from_millis(200), store.admit(&scope, 1)).await;
+    assert!(dropped.is_err(), "a stopped Redis answered");
+    server.signal("CONT");
+    // Redis runs the dropped admission's script, then this one: the slot is free again.
+    let Admission::Admitted(lease) = store.admit(&scope, 1).await.unwrap() else {
+        panic!("the dropped admission kept the only slot");
+    };
+    store.release(&scope, lease);
+}
+
+#[tokio::test]
+async fn two_scopes_of_one_id_in_one_store_both_send_their_releases() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    // Two throttles on one store, say: each opens the scope of the same key.
+    let store = RedisStore::new(server.url()).unwrap();
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let limits = Limits::new().with_max_in_flight(Some(2));
+    let (first, second) = (store.open(id, &limits), store.open(id, &limits));
+    let Admission::Admitted(lease) = store.admit(&first, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    let Admission::Admitted(_held) = store.admit(&second, 1).await.unwrap() else {
+        panic!("a second slot");
+    };
+    store.release(&first, lease);
+    // The lease task sends the release (no admission of the first scope follows).
+    for _ in 0..100 {
+        if server.cli(&["ZCARD", &leases_key(id)]) == "1" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the first scope's release never reached Redis");
+}
+
+#[tokio::test]
+async fn releases_pending_when_the_store_is_dropped_still_reach_redis() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    let store = RedisStore::new(server.url()).unwrap();
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let scope = store.open(id, &Limits::new().with_max_in_flight(Some(1)));
+    let Admission::Admitted(lease) = store.admit(&scope, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    store.release(&scope, lease);
+    // A process done with its throttle: the last handles go before the lease task ran.
+    drop((scope, store));
+    for _ in 0..100 {
+        if server.cli(&["ZCARD", &leases_key(id)]) == "0" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the release was lost with the store");
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_one_slot_a_process_that_released_it_yields_it_to_a_waiting_one() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    let make = || {
+        RedisStore::builder(server.url())
+            .local_clock_for_tests()
+            .jitter(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (make(), make());
+    let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
+    let limits = Limits::new().with_max_in_flight(Some(1));
+    let (sa, sb) = (a.open(id, &limits), b.open(id, &limits));
+    let Admission::Admitted(lease) = a.admit(&sa, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    assert_eq!(b.admit(&sb, 1).await.unwrap(), Admission::InFlightFull);
+    a.release(&sa, lease);
+    // b waits: a asks first, but the freed slot is b's; then a's, while a waits.
+    assert_eq!(a.admit(&sa, 1).await.unwrap(), Admission::InFlightFull);
+    let Admission::Admitted(lease) = b.admit(&sb, 1).await.unwrap() else {
+        panic!("b waited for the slot a released");
+    };
+    b.release(&sb, lease);
+    assert_eq!(b.admit(&sb, 1).await.unwrap(), Admission::InFlightFull);
+    let Admission::Admitted(_) = a.admit(&sa, 1).await.unwrap() else {
+        panic!("a waited for the slot b released");
+    };
+}
+
+#[test]
+fn a_lease_ttl_of_zero_is_refused_by_build() {
+    let built = RedisStore::builder("redis://127.0.0.1:1")
+        .lease_ttl(Duration::ZERO)
+        .build();
+    let Err(e) = built else {
+        panic!("a zero lease TTL was accepted: no lease would hold a slot");
+    };
+    assert_eq!(
+        e.to_string(),
+        "rate-limit store unavailable: Redis lease TTL of zero"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_key_of_one_scope_leaves_the_other_scopes_on_redis() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    let store = store(server, OnUnavailable::FailClosed);
+    let (x, y) = (
+        ScopeId::from_u128(uuid::Uuid::new_v4().as_u128()),
+        ScopeId::from_u128(uuid::Uuid::new_v4().as_u128()),
+    );
+    let (sx, sy) = (store.open(x, &Limits::new()), store.open(y, &Limits::new()));
+    let cooldown = leases_key(x).replace(":leases", ":cooldown");
+    assert_eq!(server.cli(&["SET", &cooldown, "garbage"]), "OK");
+    let Err(e) = store.admit(&sx, 1).await else {
+        panic!("a corrupt cooldown admitted");
+    };
+    assert!(e.to_string().contains("corrupt cooldown"), "{e}");
+    let Ok(Admission::Admitted(_)) = store.admit(&sy, 1).await else {
+        panic!("a healthy scope was refused for another scope's corrupt key");
+    };
+    assert_eq!(store.errors(), 1);
+}

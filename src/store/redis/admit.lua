@@ -37,7 +37,10 @@ end
 -- A process refused a lease waits in KEYS[3] (for a second at most). While others wait,
 -- a process holding its fair share (cap / processes waiting or admitting) of the leases is
 -- refused too: a release goes to whoever asks first, and the process that released asks
--- first, so without this the process holding most leases would keep them.
+-- first, so without this the process holding most leases would keep them. A process not
+-- waiting (it just released, say) is also refused a lease that would put it above the exact
+-- share: with fewer slots than processes asking, the share rounds up to a whole lease, and
+-- the process that released would take its slot back every time.
 local function wait_for_lease()
   redis.call('ZADD', KEYS[3], now, me)
   redis.call('PEXPIRE', KEYS[3], 2000)
@@ -48,8 +51,14 @@ if cap >= 0 then
   if redis.call('ZCARD', KEYS[2]) >= cap then return wait_for_lease() end
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 1000000)
   local others = redis.call('ZCARD', KEYS[3])
-  if redis.call('ZSCORE', KEYS[3], me) then others = others - 1 end
-  if others > 0 and mine >= math.ceil(cap / (others + 1)) then return wait_for_lease() end
+  local waiting = redis.call('ZSCORE', KEYS[3], me)
+  if waiting then others = others - 1 end
+  if others > 0 then
+    local share = cap / (others + 1)
+    if mine >= math.ceil(share) or (not waiting and mine + 1 > share) then
+      return wait_for_lease()
+    end
+  end
 end
 
 local bucket_tat = {}

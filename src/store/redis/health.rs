@@ -75,13 +75,32 @@ impl Health {
     /// Redis failed (`what` says how): counted, Redis left alone for a pause that doubles
     /// per failure in a row, and a warning logged at most once per [`LOG_EVERY`].
     pub(super) fn failed(&self, what: &dyn std::fmt::Display, now: Instant) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
         let mut s = lock(&self.state);
         s.streak = s.streak.saturating_add(1);
         let pause = FIRST_PAUSE
             .saturating_mul(1 << s.streak.saturating_sub(1).min(16))
             .min(MAX_PAUSE);
         s.down_until = Some(now + pause);
+        self.note(&mut s, what, now, Some(pause));
+    }
+
+    /// Redis answered with an error of one scope's script (a key holding something
+    /// unexpected): counted and logged as [`failed`](Self::failed), but Redis is not left
+    /// alone: the other scopes' admissions go on.
+    pub(super) fn script_failed(&self, what: &dyn std::fmt::Display, now: Instant) {
+        let mut s = lock(&self.state);
+        self.note(&mut s, what, now, None);
+    }
+
+    /// Counts a failure and logs it, at most once per [`LOG_EVERY`].
+    fn note(
+        &self,
+        s: &mut State,
+        what: &dyn std::fmt::Display,
+        now: Instant,
+        pause: Option<Duration>,
+    ) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
         s.last_error = what.to_string();
         if s.last_log
             .is_some_and(|t| now.saturating_duration_since(t) < LOG_EVERY)
@@ -93,7 +112,7 @@ impl Health {
             error = %what,
             failures_in_a_row = s.streak,
             not_logged_since_last = s.unlogged,
-            retry_in_ms = pause.as_millis() as u64,
+            retry_in_ms = pause.map_or(0, |p| p.as_millis() as u64),
             "reqwest-throttle: Redis store unavailable"
         );
         s.last_log = Some(now);

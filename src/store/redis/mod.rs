@@ -128,9 +128,13 @@ impl RedisStoreBuilder {
     /// [`OnUnavailable`] applies.
     ///
     /// # Errors
-    /// [`StoreError`] when the URL is not a Redis URL, or the namespace holds `{` or `}`
-    /// (they would break the keys' cluster hash tag).
+    /// [`StoreError`] when the URL is not a Redis URL, the namespace holds `{` or `}`
+    /// (they would break the keys' cluster hash tag), or the lease TTL is zero (a lease
+    /// would expire as it is granted: no in-flight cap).
     pub fn build(self) -> Result<RedisStore, StoreError> {
+        if self.lease_ttl.is_zero() {
+            return Err(StoreError::new("Redis lease TTL of zero"));
+        }
         if self.namespace.contains(['{', '}']) {
             return Err(StoreError::new(format!(
                 "Redis namespace {:?} holds '{{' or '}}'",
@@ -200,15 +204,22 @@ impl RedisStoreBuilder {
 /// Leases are renewed by one background task per store while held; a crashed process's
 /// leases expire after the lease TTL (default 30 s). A release is sent at once by that task
 /// (or with the next admission of the scope, whichever is first) and published, so waiters in
-/// other processes try again at once; a bounded poll covers a missed message.
+/// other processes try again at once; a bounded poll covers a missed message. Releases not
+/// sent yet when the store's last handle is dropped are sent on a task of their own (on the
+/// runtime of the drop, if any); an admission dropped before Redis answered releases its
+/// lease with the next call.
 ///
 /// While processes wait for an in-flight slot, one holding more than its share (the cap over
 /// the processes asking) is refused the next free slot, so that a released slot does not
-/// always go to the process that released it (which asks first).
+/// always go to the process that released it (which asks first); a process not waiting is
+/// also refused a slot that would put it above the exact share (with one slot and two
+/// processes, the one that released it yields it to the one waiting).
 ///
 /// While Redis does not answer within the timeout (default 250 ms), admission follows
 /// [`OnUnavailable`], and Redis is left alone for a pause that doubles per failure (100 ms up
-/// to 5 s) before it is asked again.
+/// to 5 s) before it is asked again. A script's error on one scope's keys (a key holding
+/// something unexpected) gets the same answer for that call, without the pause: the other
+/// scopes stay on Redis.
 ///
 /// Cloning is cheap (an `Arc`). Give it to
 /// [`ThrottleBuilder::store`](crate::ThrottleBuilder::store).
@@ -241,8 +252,9 @@ pub(crate) struct Shared {
     tasks: OnceLock<()>,
     scripts: Scripts,
     health: Health,
-    /// The scopes alive in this process, by id: for renewals and published releases.
-    scopes: Mutex<HashMap<ScopeId, Weak<ScopeState>>>,
+    /// The scopes alive in this process, by id (several per id when several throttles
+    /// share the store): for renewals and published releases.
+    scopes: Mutex<HashMap<ScopeId, Vec<Weak<ScopeState>>>>,
     /// Wakes the lease task: a release to send (or the store dropped).
     flush: Arc<Notify>,
     /// Stops the subscriber task (the store dropped).
@@ -304,6 +316,7 @@ impl Drop for Shared {
         // The background tasks hold no strong reference: wake them to see it is gone.
         self.flush.notify_one();
         self.stop.notify_one();
+        tasks::send_last_releases(self);
     }
 }
 
@@ -420,7 +433,7 @@ impl Shared {
     async fn run<T: redis::FromRedisValue>(
         self: &Arc<Self>,
         call: redis::ScriptInvocation<'_>,
-    ) -> Result<T, String> {
+    ) -> Result<T, Failure> {
         self.commands.fetch_add(1, Ordering::Relaxed);
         let answer = async {
             let mut conn = self.conn().await.map_err(|e| {
@@ -436,7 +449,22 @@ impl Shared {
             }),
             None => answer.await,
         };
-        answer.map_err(|e| e.to_string())
+        answer.map_err(|e| Failure {
+            script: matches!(
+                e.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+            ) || e.code() == Some("WRONGTYPE"),
+            message: e.to_string(),
+        })
+    }
+
+    /// Counts `failure`; Redis is left alone for a pause unless only a script failed.
+    fn failed(&self, failure: &Failure) {
+        if failure.script {
+            self.health.script_failed(&failure.message, Instant::now());
+        } else {
+            self.health.failed(&failure.message, Instant::now());
+        }
     }
 
     fn lease_id(&self) -> u64 {
@@ -512,13 +540,41 @@ impl ScopeState {
     }
 }
 
+/// The lease of an admission script sent and not answered: released on drop.
+struct Unanswered<'a> {
+    st: &'a ScopeState,
+    shared: &'a Shared,
+    lease: Option<u64>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease {
+            lock(&self.st.released).push(lease);
+            self.shared.flush.notify_one();
+        }
+    }
+}
+
+/// A call to Redis that failed.
+#[derive(Debug)]
+pub(super) struct Failure {
+    message: String,
+    /// Redis answered with an error of the script (`ERR` raised by it, `WRONGTYPE`): a key of
+    /// one scope holds something unexpected; Redis itself answers.
+    script: bool,
+}
+
 /// A Redis answer that is not one the scripts give.
-fn unexpected(answer: &[i64]) -> String {
-    format!("unexpected answer from the admission script: {answer:?}")
+fn unexpected(answer: &[i64]) -> Failure {
+    Failure {
+        message: format!("unexpected answer from the admission script: {answer:?}"),
+        script: true,
+    }
 }
 
 impl RedisStore {
-    async fn admit_remote(&self, scope: &RedisScope, cost: u32) -> Result<Admission, String> {
+    async fn admit_remote(&self, scope: &RedisScope, cost: u32) -> Result<Admission, Failure> {
         let shared = &self.shared;
         let st = &scope.state;
         let (limits, keys) = lock(&st.limits).clone();
@@ -538,19 +594,17 @@ impl RedisStore {
             (shared.lease_prefix, lock(&st.held).len()),
             &released,
         );
-        let answer: Vec<i64> = match shared.run(call).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                // The script may still run (a stalled Redis answers later): its lease, if
-                // any, is released with the next call, so that it does not hold a slot
-                // until it expires. A send it counted stays counted (the safe side).
-                if limits.max_in_flight.is_some() {
-                    lock(&st.released).push(lease);
-                    shared.flush.notify_one();
-                }
-                return Err(e);
-            }
+        // Until Redis answers (an error, a timeout, or this future dropped by its caller),
+        // the script may still run: its lease, if any, is released with the next call, so
+        // that it does not hold a slot until it expires. A send it counted stays counted
+        // (the safe side).
+        let mut unanswered = Unanswered {
+            st,
+            shared,
+            lease: limits.max_in_flight.map(|_| lease),
         };
+        let answer: Vec<i64> = shared.run(call).await?;
+        unanswered.lease = None;
         if !released.is_empty() {
             lock(&st.released).retain(|id| !released.contains(id));
         }
@@ -609,7 +663,11 @@ impl Store for RedisStore {
             released_elsewhere: Notify::new(),
             charges: Mutex::default(),
         });
-        lock(&self.shared.scopes).insert(id, Arc::downgrade(&state));
+        let mut scopes = lock(&self.shared.scopes);
+        let same_id = scopes.entry(id).or_default();
+        same_id.retain(|w| w.strong_count() > 0);
+        same_id.push(Arc::downgrade(&state));
+        drop(scopes);
         RedisScope { state }
     }
 
@@ -625,7 +683,7 @@ impl Store for RedisStore {
                     self.shared.health.succeeded();
                     return Ok(answer);
                 }
-                Err(e) => self.shared.health.failed(&e, Instant::now()),
+                Err(e) => self.shared.failed(&e),
             }
         }
         self.admit_fallback(scope, cost).await
@@ -669,7 +727,7 @@ impl Store for RedisStore {
                 Ok(())
             }
             Err(e) => {
-                self.shared.health.failed(&e, Instant::now());
+                self.shared.failed(&e);
                 self.unavailable()
             }
         }
@@ -701,7 +759,7 @@ impl Store for RedisStore {
         match self.shared.run::<i64>(call).await {
             Ok(_) => Ok(()),
             Err(e) => {
-                self.shared.health.failed(&e, Instant::now());
+                self.shared.failed(&e);
                 self.unavailable()
             }
         }
@@ -751,7 +809,7 @@ impl Store for RedisStore {
         match self.shared.run::<i64>(call).await {
             Ok(_) => Ok(()),
             Err(e) => {
-                self.shared.health.failed(&e, Instant::now());
+                self.shared.failed(&e);
                 self.unavailable()
             }
         }

@@ -228,3 +228,26 @@ pub(super) fn admit<'a>(
     bucket_args(&mut call, limits);
     call
 }
+
+/// The lease script's call releasing `ids` of the scope whose leases key is `leases`.
+pub(super) fn release<'a>(
+    script: &'a Script,
+    leases: &str,
+    now: &str,
+    lease_ttl: Duration,
+    channel: &str,
+    id_hex: &str,
+    ids: &[u64],
+) -> ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    call.key(leases)
+        .arg(now)
+        .arg(micros(lease_ttl))
+        .arg(channel)
+        .arg(id_hex)
+        .arg(ids.len());
+    for id in ids {
+        call.arg(*id);
+    }
+    call
+}

@@ -57,18 +57,17 @@ async fn send_orphans(shared: &Arc<Shared>) -> bool {
     let orphans = std::mem::take(&mut *lock(&shared.orphans));
     let mut failed = Vec::new();
     for (leases, id_hex, ids) in orphans {
-        let mut call = shared.scripts.leases.prepare_invoke();
-        call.key(&leases)
-            .arg(shared.now_arg())
-            .arg(script::micros(shared.config.lease_ttl))
-            .arg(&shared.channel)
-            .arg(&id_hex)
-            .arg(ids.len());
-        for id in &ids {
-            call.arg(*id);
-        }
+        let call = script::release(
+            &shared.scripts.leases,
+            &leases,
+            &shared.now_arg(),
+            shared.config.lease_ttl,
+            &shared.channel,
+            &id_hex,
+            &ids,
+        );
         if let Err(e) = shared.run::<i64>(call).await {
-            shared.health.failed(&e, Instant::now());
+            shared.failed(&e);
             failed.push((leases, id_hex, ids));
         }
     }
@@ -82,8 +81,11 @@ async fn send_orphans(shared: &Arc<Shared>) -> bool {
 async fn send_scopes(shared: &Arc<Shared>, renew: bool) -> bool {
     let scopes: Vec<Arc<ScopeState>> = {
         let mut map = lock(&shared.scopes);
-        map.retain(|_, w| w.strong_count() > 0);
-        map.values().filter_map(Weak::upgrade).collect()
+        map.retain(|_, same_id| {
+            same_id.retain(|w| w.strong_count() > 0);
+            !same_id.is_empty()
+        });
+        map.values().flatten().filter_map(Weak::upgrade).collect()
     };
     let mut pending = false;
     for scope in scopes {
@@ -110,7 +112,7 @@ async fn send_scopes(shared: &Arc<Shared>, renew: bool) -> bool {
         match shared.run::<i64>(call).await {
             Ok(_) => lock(&scope.released).retain(|id| !released.contains(id)),
             Err(e) => {
-                shared.health.failed(&e, Instant::now());
+                shared.failed(&e);
                 pending |= !released.is_empty();
             }
         }
@@ -137,17 +139,17 @@ async fn subscriber(weak: Weak<Shared>) {
             let mut messages = pubsub.into_on_message();
             while let Some(msg) = messages.next().await {
                 let shared = weak.upgrade()?;
-                let scope = msg
+                let scopes: Vec<Arc<ScopeState>> = msg
                     .get_payload::<String>()
                     .ok()
                     .and_then(|hex| u128::from_str_radix(&hex, 16).ok())
                     .and_then(|bits| {
                         let scopes = lock(&shared.scopes);
-                        scopes
-                            .get(&ScopeId::from_u128(bits))
-                            .and_then(Weak::upgrade)
-                    });
-                if let Some(scope) = scope {
+                        let same_id = scopes.get(&ScopeId::from_u128(bits))?;
+                        Some(same_id.iter().filter_map(Weak::upgrade).collect())
+                    })
+                    .unwrap_or_default();
+                for scope in scopes {
                     scope.released_elsewhere.notify_waiters();
                 }
             }
@@ -163,4 +165,31 @@ async fn subscriber(weak: Weak<Shared>) {
         }
         pause = (pause * 2).min(RECONNECT.1);
     }
+}
+
+/// Sends the releases of scopes dropped with their store (the store's last handle gone
+/// before the lease task sent them), on a task of their own: once each, within the timeout.
+pub(super) fn send_last_releases(shared: &Shared) {
+    let orphans = std::mem::take(&mut *lock(&shared.orphans));
+    let (false, Some(conn), Ok(runtime)) = (
+        orphans.is_empty(),
+        shared.conn.get().cloned(),
+        tokio::runtime::Handle::try_current(),
+    ) else {
+        return;
+    };
+    let script = shared.scripts.leases.clone();
+    let (now, ttl) = (shared.now_arg(), shared.config.lease_ttl);
+    let (channel, timeout) = (shared.channel.clone(), shared.config.timeout);
+    runtime.spawn(async move {
+        let mut conn = conn;
+        for (leases, id_hex, ids) in orphans {
+            let call = script::release(&script, &leases, &now, ttl, &channel, &id_hex, &ids);
+            let sent = call.invoke_async::<i64>(&mut conn);
+            let _ = match timeout {
+                Some(t) => tokio::time::timeout(t, sent).await.ok(),
+                None => Some(sent.await),
+            };
+        }
+    });
 }
