@@ -100,8 +100,16 @@ impl ScopeLearner {
                 limits = limits.with_window(WindowQuota::new(limit, w.window, guard));
             }
         }
-        if let Some(quota) = self.rate.pace.and_then(quota_of) {
-            limits = limits.with_bucket(quota);
+        if let Some(pace) = self.rate.pace {
+            if let Some(quota) = quota_of(pace) {
+                // The latency guard keeps part of a bucket's burst in hand; a learned burst
+                // keeps at least one cell usable (a pace of burst 1 keeps none in hand).
+                let usable = Duration::from_secs_f64(f64::from(pace.burst - 1) / pace.rate);
+                if self.base.buckets.is_empty() {
+                    limits.bucket_guard = limits.bucket_guard.min(usable);
+                }
+                limits = limits.with_bucket(quota);
+            }
         }
         limits
     }

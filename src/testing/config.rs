@@ -44,6 +44,11 @@ pub struct GatewayConfig {
     /// Pause before each chunk of a `/v1/stream` answer (the first one included).
     /// Default: 20 ms.
     pub stream_chunk_interval: Duration,
+    /// Whether every answer (admitted or refused) reports the window as
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` (after this request) and
+    /// `X-RateLimit-Reset`: when the oldest counted request leaves the window, in whole Unix
+    /// epoch seconds rounded up (so up to 1 s late, as such servers report it). Default: off.
+    pub ratelimit_headers: bool,
 }
 
 impl Default for GatewayConfig {
@@ -55,6 +60,7 @@ impl Default for GatewayConfig {
             service_time: Duration::from_millis(50),
             stream_chunks: 5,
             stream_chunk_interval: Duration::from_millis(20),
+            ratelimit_headers: false,
         }
     }
 }
@@ -119,6 +125,12 @@ impl GatewayConfig {
     /// each streamed chunk.
     pub fn with_stream_chunk_interval(mut self, interval: Duration) -> Self {
         self.stream_chunk_interval = interval;
+        self
+    }
+
+    /// Sets [`ratelimit_headers`](Self::ratelimit_headers).
+    pub fn with_ratelimit_headers(mut self, on: bool) -> Self {
+        self.ratelimit_headers = on;
         self
     }
 

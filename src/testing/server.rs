@@ -85,14 +85,56 @@ struct Refusal {
     reset_in: Duration,
 }
 
-/// Counts the request and either takes a slot for it or says why it is refused.
-/// The request body is not read: hyper discards it.
-fn admit(shared: &Arc<Shared>, headers: &HeaderMap) -> Result<Slot, Refusal> {
+/// The `X-RateLimit-*` headers of an answer, when the gateway reports them: the window
+/// left after this request, its reset in whole epoch seconds rounded up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WindowLeft {
+    limit: u32,
+    remaining: u32,
+    reset_epoch_s: u64,
+}
+
+impl WindowLeft {
+    fn insert(self, headers: &mut HeaderMap) {
+        headers.insert("x-ratelimit-limit", HeaderValue::from(self.limit));
+        headers.insert("x-ratelimit-remaining", HeaderValue::from(self.remaining));
+        headers.insert("x-ratelimit-reset", HeaderValue::from(self.reset_epoch_s));
+    }
+}
+
+/// Counts the request and either takes a slot for it or says why it is refused, with the
+/// window left when the gateway reports it. The request body is not read: hyper discards it.
+fn admit(shared: &Arc<Shared>, headers: &HeaderMap) -> (Result<Slot, Refusal>, Option<WindowLeft>) {
     let user: UserKey = headers
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes().to_vec());
     let now = Instant::now();
-    let decision = shared.limits().admit(&user, now);
+    let (decision, left) = {
+        let mut limits = shared.limits();
+        let decision = limits.admit(&user, now);
+        (decision, limits.window_left(&user, now))
+    };
+    let left = shared.config.ratelimit_headers.then(|| {
+        let (remaining, reset) = left;
+        let at = SystemTime::now() + reset.saturating_duration_since(now);
+        let since = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        WindowLeft {
+            limit: shared.config.requests_per_window,
+            remaining,
+            reset_epoch_s: since.as_secs() + u64::from(since.subsec_nanos() > 0),
+        }
+    });
+    (admit_decision(shared, user, decision), left)
+}
+
+fn admit_decision(
+    shared: &Arc<Shared>,
+    user: UserKey,
+    decision: Decision,
+) -> Result<Slot, Refusal> {
+    let now = Instant::now();
     match decision {
         Decision::Admitted => Ok(Slot {
             shared: Arc::clone(shared),
@@ -164,9 +206,10 @@ fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response
 
 /// `/v1/chat`: waits `service_time`, gives back the slot, then answers.
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let mut slot = match admit(&shared, &headers) {
+    let (admitted, left) = admit(&shared, &headers);
+    let mut slot = match admitted {
         Ok(slot) => slot,
-        Err(refusal) => return too_many_requests(&shared.config, refusal),
+        Err(refusal) => return with_left(too_many_requests(&shared.config, refusal), left),
     };
     tokio::time::sleep(shared.config.service_time).await;
     // Released before the answer exists, so a client that has read the answer can rely
@@ -176,15 +219,23 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response
         "object": "chat.completion",
         "choices": [{ "index": 0, "message": { "role": "assistant", "content": "ok" } }],
     });
-    json_response(StatusCode::OK, &body)
+    with_left(json_response(StatusCode::OK, &body), left)
+}
+
+fn with_left(mut response: Response, left: Option<WindowLeft>) -> Response {
+    if let Some(left) = left {
+        left.insert(response.headers_mut());
+    }
+    response
 }
 
 /// `/v1/stream`: answers at once with a body of `stream_chunks` events, one every
 /// `stream_chunk_interval`; the slot is held until the last event is produced.
 async fn stream(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let mut slot = match admit(&shared, &headers) {
+    let (admitted, left) = admit(&shared, &headers);
+    let mut slot = match admitted {
         Ok(slot) => slot,
-        Err(refusal) => return too_many_requests(&shared.config, refusal),
+        Err(refusal) => return with_left(too_many_requests(&shared.config, refusal), left),
     };
     let total = shared.config.stream_chunks;
     let interval = shared.config.stream_chunk_interval;
@@ -196,7 +247,7 @@ async fn stream(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     );
-    response
+    with_left(response, left)
 }
 
 /// A streamed answer: `total` server-sent events, each after a pause of `interval`.
@@ -268,7 +319,9 @@ mod tests {
     /// Admits one anonymous request and wraps its slot in a stream body.
     fn admitted_stream(total: u32) -> (Arc<Shared>, ChunkBody) {
         let shared = Arc::new(Shared::new(GatewayConfig::default().with_max_parallel(1)));
-        let slot = admit(&shared, &HeaderMap::new()).expect("first request is admitted");
+        let slot = admit(&shared, &HeaderMap::new())
+            .0
+            .expect("first request is admitted");
         let body = ChunkBody::new(slot, total, Duration::from_secs(1));
         (shared, body)
     }
@@ -319,8 +372,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn refusal_has_the_three_headers_and_a_json_body() {
         let shared = Arc::new(Shared::new(GatewayConfig::default().with_max_parallel(1)));
-        let _slot = admit(&shared, &HeaderMap::new()).expect("first request is admitted");
-        let refusal = admit(&shared, &HeaderMap::new()).err().expect("refused");
+        let _slot = admit(&shared, &HeaderMap::new())
+            .0
+            .expect("first request is admitted");
+        let refusal = admit(&shared, &HeaderMap::new()).0.err().expect("refused");
         assert_eq!(refusal.limit, LimitType::Parallel);
         assert_eq!(refusal.reset_in, Duration::from_secs(60));
         let response = too_many_requests(&shared.config, refusal);
