@@ -29,7 +29,7 @@ const REFINE: usize = 14;
 /// A fit is pinned when its highest rate is at most this much above its lowest.
 const PINNED: f64 = 1.12;
 /// The pace is this fraction of the learned rate: just under it.
-const UNDER: f64 = 0.98;
+const UNDER: f64 = 0.99;
 
 /// What the rate model knows of one send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +128,25 @@ impl RateModel {
             seen: Seen::Pending,
         });
         self.base + self.log.len() as u64 - 1
+    }
+
+    /// The number the next send will have.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.base + self.log.len() as u64
+    }
+
+    /// When send `seq` was made, and how many sends before it were admitted or are still
+    /// unanswered; `None` when it is no longer logged.
+    pub(crate) fn before(&self, seq: u64) -> Option<(Instant, u32)> {
+        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        let at = self.log.get(i)?.at;
+        let admitted = self
+            .log
+            .iter()
+            .take(i)
+            .filter(|e| matches!(e.seen, Seen::Admitted | Seen::Pending))
+            .count();
+        Some((at, u32::try_from(admitted).unwrap_or(u32::MAX)))
     }
 
     /// Records what became of send `seq` (answered at `now`). Returns the new pace when this

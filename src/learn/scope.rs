@@ -53,6 +53,9 @@ pub(crate) struct ScopeLearner {
     /// A window loaded for a warm start (applied as a sliding window).
     warm_window: Option<super::LearnedWindow>,
     aimd: Option<Aimd>,
+    /// Parallel-limit refusals of sends numbered below this were sent before the cap was last
+    /// lowered: the same episode, not lowered again.
+    aimd_episode_end: u64,
     breaker: Option<Breaker>,
 }
 
@@ -81,6 +84,7 @@ impl ScopeLearner {
             window: WindowModel::default(),
             warm_window: warm.filter(|_| learn).and_then(|w| w.window),
             aimd,
+            aimd_episode_end: 0,
             breaker: config.breaker.map(Breaker::new),
         }
     }
@@ -148,6 +152,7 @@ impl ScopeLearner {
         let none = Hints::default();
         let hints = a.hints.unwrap_or(&none);
         let mut out = Learned::default();
+        let before = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
         let (seen, result) = match a.status {
             None => (Seen::Unknown, breaker::Result::Failure { asked: None }),
             Some(s) if s.is_server_error() => (
@@ -157,7 +162,7 @@ impl ScopeLearner {
                 },
             ),
             Some(StatusCode::TOO_MANY_REQUESTS) => {
-                (self.refusal(hints, a.now), breaker::Result::Refused)
+                (self.refusal(hints, a.seq), breaker::Result::Refused)
             }
             Some(_) => (Seen::Admitted, breaker::Result::Success),
         };
@@ -167,10 +172,8 @@ impl ScopeLearner {
         if !self.learn {
             return out;
         }
-        let before = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
         match seen {
             Seen::Admitted => {
-                self.window.admitted();
                 if let Some(aimd) = &mut self.aimd {
                     aimd.succeeded();
                 }
@@ -193,13 +196,15 @@ impl ScopeLearner {
     }
 
     /// Feeds a 429 to the model it concerns; what the rate model should log.
-    fn refusal(&mut self, hints: &Hints, now: Instant) -> Seen {
+    fn refusal(&mut self, hints: &Hints, seq: u64) -> Seen {
         if !self.learn {
             return Seen::Unknown;
         }
         if hints.limit_kind == Some(LimitKind::Concurrency) {
-            if let Some(a) = &mut self.aimd {
+            // Once per episode: the sends refused together were made at the old cap.
+            if let Some(a) = self.aimd.as_mut().filter(|_| seq >= self.aimd_episode_end) {
                 a.refused();
+                self.aimd_episode_end = self.rate.next_seq();
             }
             return Seen::Unknown;
         }
@@ -211,7 +216,9 @@ impl ScopeLearner {
                 .find_map(|a| a.reset_after)
         });
         if let Some(reset) = reset {
-            self.window.refused(reset, now);
+            if let Some((sent, admitted)) = self.rate.before(seq) {
+                self.window.refused(reset, sent, admitted);
+            }
             return Seen::Unknown;
         }
         Seen::Refused

@@ -1,6 +1,7 @@
-//! A window server's limit, learned from its first refusal from idle: the requests it
-//! admitted before refusing are its limit, and the time from the first of them to the reset
-//! it reported is its window (a sliding window's oldest send leaves it then).
+//! A window server's limit, learned from its first refusal from idle: the requests sent before
+//! the refused one and admitted are its limit, and the time from the first of them to the
+//! reset it reported (from the refused send) is its window (a sliding window's oldest send
+//! leaves it then).
 //!
 //! Learned for export and warm starts; during a run the refusal's reset closes the scope's
 //! cooldown exactly, which a local window started empty mid-run could not improve on.
@@ -12,9 +13,8 @@ use super::LearnedWindow;
 /// The window model of one scope.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct WindowModel {
-    /// The first send of the scope (from idle), and the sends admitted since.
+    /// The first send of the scope (from idle).
     first: Option<Instant>,
-    admitted: u32,
     pub(crate) learned: Option<LearnedWindow>,
 }
 
@@ -24,24 +24,25 @@ impl WindowModel {
         self.first.get_or_insert(at);
     }
 
-    /// An admitted answer.
-    pub(crate) fn admitted(&mut self) {
-        self.admitted = self.admitted.saturating_add(1);
-    }
-
-    /// A window refusal answered at `now` whose limit resets `reset` later. Returns the
-    /// window when this refusal taught it (the first one).
-    pub(crate) fn refused(&mut self, reset: Duration, now: Instant) -> Option<LearnedWindow> {
-        if self.learned.is_some() || self.admitted == 0 {
+    /// A window refusal of a send made at `sent` after `admitted` admitted sends (or sends
+    /// not answered yet), whose limit resets `reset` after it. Returns the window when this
+    /// refusal taught it (the first one).
+    pub(crate) fn refused(
+        &mut self,
+        reset: Duration,
+        sent: Instant,
+        admitted: u32,
+    ) -> Option<LearnedWindow> {
+        if self.learned.is_some() || admitted == 0 {
             return None;
         }
         let first = self.first?;
-        let window = (now + reset).saturating_duration_since(first);
+        let window = (sent + reset).saturating_duration_since(first);
         if window.is_zero() {
             return None;
         }
         let learned = LearnedWindow {
-            limit: self.admitted,
+            limit: admitted,
             window,
         };
         self.learned = Some(learned);
@@ -58,15 +59,12 @@ mod tests {
         let t0 = Instant::now();
         let mut w = WindowModel::default();
         w.sent(t0);
-        for _ in 0..120 {
-            w.admitted();
-        }
-        let now = t0 + Duration::from_millis(300);
-        let learned = w.refused(Duration::from_millis(5_700), now).unwrap();
+        let sent = t0 + Duration::from_millis(300);
+        let learned = w.refused(Duration::from_millis(5_700), sent, 120).unwrap();
         assert_eq!(learned.limit, 120);
         assert_eq!(learned.window, Duration::from_secs(6));
         // Later refusals teach nothing more.
-        assert_eq!(w.refused(Duration::from_secs(1), now), None);
+        assert_eq!(w.refused(Duration::from_secs(1), sent, 130), None);
     }
 
     #[test]
@@ -74,6 +72,6 @@ mod tests {
         let t0 = Instant::now();
         let mut w = WindowModel::default();
         w.sent(t0);
-        assert_eq!(w.refused(Duration::from_secs(6), t0), None);
+        assert_eq!(w.refused(Duration::from_secs(6), t0, 0), None);
     }
 }
