@@ -150,6 +150,8 @@ async fn a_warm_start_paces_from_the_first_request() {
     assert_eq!(warm.stats().responses_429, 0);
     let again = warm.learned(LABEL).unwrap();
     assert_eq!((again.rate, again.burst), (saved[0].rate, saved[0].burst));
+    assert_eq!(again.confidence, saved[0].confidence);
+    assert_eq!(again.episodes, 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -28,6 +28,8 @@ const GRID: usize = 160;
 const REFINE: usize = 14;
 /// A fit is pinned when its highest rate is at most this much above its lowest.
 const PINNED: f64 = 1.12;
+/// A fit whose range is at most this wide paces at its middle.
+const NARROW: f64 = 1.5;
 /// The pace is this fraction of the learned rate: just under it.
 const UNDER: f64 = 0.99;
 
@@ -204,6 +206,13 @@ impl RateModel {
                 rate: prior.rate * UNDER,
                 burst: prior.burst,
             });
+        }
+        if f.hi <= f.lo * NARROW {
+            // Nearly pinned: the middle of the range (on log scale) with the smallest burst it
+            // allows; a refusal at that pace narrows the range further.
+            let rate = (f.lo * f.hi).sqrt() * UNDER;
+            let burst = burst_at(&self.log, f.hi).max(1);
+            return Some(Bucket { rate, burst });
         }
         // Not pinned: half the highest rate the data allows, from an empty bucket of one cell
         // (off the line the first refusal drew, so that the next refusal pins the rate).

@@ -52,6 +52,8 @@ pub(crate) struct ScopeLearner {
     window: WindowModel,
     /// A window loaded for a warm start (applied as a sliding window).
     warm_window: Option<super::LearnedWindow>,
+    /// The confidence loaded with a warm start's rate.
+    warm_confidence: f64,
     aimd: Option<Aimd>,
     /// Parallel-limit refusals of sends numbered below this were sent before the cap was last
     /// lowered: the same episode, not lowered again.
@@ -83,6 +85,7 @@ impl ScopeLearner {
             rate: prior.map_or_else(RateModel::default, RateModel::warm),
             window: WindowModel::default(),
             warm_window: warm.filter(|_| learn).and_then(|w| w.window),
+            warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
             aimd,
             aimd_episode_end: 0,
             breaker: config.breaker.map(Breaker::new),
@@ -248,7 +251,7 @@ impl ScopeLearner {
             max_in_flight: self.limits().max_in_flight,
             confidence: match (self.rate.fit, self.rate.prior) {
                 (Some(f), _) => f.confidence(),
-                (None, Some(_)) => 1.0,
+                (None, Some(_)) => self.warm_confidence,
                 (None, None) => 0.0,
             },
             episodes: self.rate.episodes,
