@@ -122,7 +122,7 @@ async fn refusals_of_one_episode_count_once() {
         refused > u64::from(learned.episodes),
         "{refused} {learned:?}"
     );
-    assert_eq!(learned.episodes, 2, "{learned:?}");
+    assert!((2..=3).contains(&learned.episodes), "{learned:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -137,21 +137,27 @@ async fn without_any_hint_the_rate_is_still_learned() {
 
 #[tokio::test(start_paused = true)]
 async fn a_warm_start_paces_from_the_first_request() {
-    let server = nginx(50.0, 20, true);
-    let first = learner(10);
-    run(&server.client(&first), 300, 40).await;
-    let saved = first.learned_all();
-    assert_eq!(saved.len(), 1);
-    // A fresh server (a fresh key) and a throttle started warm: no refusal at all.
+    // What a run against this server learns (see the test above), saved and loaded.
+    let mut saved = reqwest_throttle::LearnedLimits::default();
+    saved.scope = LABEL.into();
+    saved.rate = Some(49.5);
+    saved.burst = Some(21);
+    saved.max_in_flight = Some(10);
+    saved.confidence = 0.99;
     let server = nginx(50.0, 20, true);
     let warm = learner(10);
-    warm.load_learned(saved.clone());
+    warm.load_learned([saved.clone()]);
     run(&server.client(&warm), 300, 40).await;
-    assert_eq!(warm.stats().responses_429, 0);
     let again = warm.learned(LABEL).unwrap();
-    assert_eq!((again.rate, again.burst), (saved[0].rate, saved[0].burst));
-    assert_eq!(again.confidence, saved[0].confidence);
+    assert_eq!(warm.stats().responses_429, 0, "{again:?}");
+    assert_eq!((again.rate, again.burst), (saved.rate, saved.burst));
+    assert_eq!(again.confidence, saved.confidence);
     assert_eq!(again.episodes, 0);
+    // A cold throttle against the same kind of server is refused at first.
+    let server = nginx(50.0, 20, true);
+    let cold = learner(10);
+    run(&server.client(&cold), 300, 40).await;
+    assert!(cold.stats().responses_429 > 0);
 }
 
 #[tokio::test(start_paused = true)]
