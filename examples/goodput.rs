@@ -22,7 +22,14 @@
 //!    limiter at the server's rate checked before every attempt (retries included), and
 //!    reqwest-retry as in 2;
 //! 4. `throttle`: `Throttle` with the server's limits;
-//! 5. `throttle-learned`: `Throttle` with only `max_in_flight`: limits learned from 429s.
+//! 5. `throttle-learned`: `Throttle` with only `max_in_flight`: limits learned from answers;
+//! 6. `warm`: as 5, started with what 5 learned (`Throttle::learned_all`, `load_learned`), so
+//!    it runs after 5 (`--clients learned,warm`).
+//!
+//! Server variants: `--nginx-port P` talks to an nginx started by `benches/nginx/start.sh` with
+//! `NGINX_PORT=P UPSTREAM_PORT=P+1` (e.g. one started with `NGINX_RETRY_AFTER_MS=on` or
+//! `NGINX_HINTS=off`); `--gateway-epoch-reset` has the gateway report `X-RateLimit-Limit`,
+//! `-Remaining` and `-Reset` (whole epoch seconds, rounded up) on every answer.
 //!
 //! Every client has an innermost middleware that counts attempts and 429s as they come back.
 //! The server-side peak is the gateway's `peak_parallel`, or the peak of requests in progress at
@@ -44,19 +51,19 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use reqwest_throttle::testing::{Gateway, GatewayConfig};
+use reqwest_throttle::testing::{Gateway, GatewayConfig, HeaderStyle};
 use reqwest_throttle::{Throttle, ThrottleBuilder};
 use tokio::sync::Semaphore;
 use upstream::{
-    fresh_key, nginx_is_up, Upstream, NGINX_BURST, NGINX_PARALLEL, NGINX_RATE_PER_S,
-    NGINX_UPSTREAM, NGINX_URL,
+    fresh_key, nginx_is_up, Upstream, NGINX_BURST, NGINX_PARALLEL, NGINX_RATE_PER_S, NGINX_UPSTREAM,
 };
 
 const USAGE: &str = "usage: goodput [--json] [--target gateway|nginx|both] [-n REQUESTS] \
-                     [--agents N] [--runs K] [--clients plain,retry,careful,throttle,learned] \
-                     [--nginx-burst B] [--svg DIR | --no-svg]";
+                     [--agents N] [--runs K] [--clients plain,retry,careful,throttle,learned,warm] \
+                     [--nginx-burst B] [--nginx-port P] [--gateway-epoch-reset] \
+                     [--svg DIR | --no-svg]";
 
-const CLIENTS: [&str; 5] = ["plain", "retry", "careful", "throttle", "learned"];
+const CLIENTS: [&str; 6] = ["plain", "retry", "careful", "throttle", "learned", "warm"];
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -71,6 +78,10 @@ struct Args {
     nginx_burst: u32,
     /// Where each run's SVG goes, if anywhere.
     svg: Option<std::path::PathBuf>,
+    /// nginx's port (its upstream listens on the next one).
+    nginx_port: u16,
+    /// The gateway reports its window on every answer, its reset in whole epoch seconds.
+    gateway_epoch_reset: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -81,9 +92,11 @@ fn parse_args() -> Result<Args, String> {
         requests: 600,
         agents: 50,
         runs: 1,
-        clients: CLIENTS.to_vec(),
+        clients: CLIENTS[..5].to_vec(),
         nginx_burst: NGINX_BURST,
         svg: Some("target/goodput".into()),
+        nginx_port: 18080,
+        gateway_epoch_reset: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -103,6 +116,8 @@ fn parse_args() -> Result<Args, String> {
             "--nginx-burst" => a.nginx_burst = number(value()?)?.max(1) as u32,
             "--svg" => a.svg = Some(value()?.into()),
             "--no-svg" => a.svg = None,
+            "--nginx-port" => a.nginx_port = number(value()?)?.clamp(1, 65534) as u16,
+            "--gateway-epoch-reset" => a.gateway_epoch_reset = true,
             "--clients" => {
                 let v = value()?;
                 a.clients = Vec::new();
@@ -134,6 +149,8 @@ struct Server<'a> {
     rate_window: Duration,
     min_s: f64,
     counts: Counts<'a>,
+    /// What the `learned` client learned, for the `warm` client.
+    learned: std::sync::Mutex<Vec<reqwest_throttle::LearnedLimits>>,
 }
 
 /// Where the server-side peak of parallel requests is read.
@@ -263,6 +280,7 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
         .expect("a plain HTTP client builds");
     let counter = Counting::default();
     let mut semaphore = None;
+    let mut learner = None;
     let client: ClientWithMiddleware = match client_name {
         "plain" => ClientBuilder::new(http).with(counter.clone()).build(),
         "retry" => ClientBuilder::new(http)
@@ -281,11 +299,16 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
             .with(server.throttle.clone().build().expect("valid settings"))
             .with(counter.clone())
             .build(),
-        "learned" => {
+        "learned" | "warm" => {
             let learned = Throttle::builder()
                 .max_in_flight(server.parallel as usize)
                 .build()
                 .expect("valid settings");
+            if client_name == "warm" {
+                let saved = server.learned.lock().expect("not poisoned").clone();
+                learned.load_learned(saved);
+            }
+            learner = Some(learned.clone());
             ClientBuilder::new(http)
                 .with(learned)
                 .with(counter.clone())
@@ -362,12 +385,20 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
     let wall_s = started.elapsed().as_secs_f64();
     sampler.abort();
     counter.0.timeline.sample(started, Instant::now());
+    if let Some(t) = learner {
+        let learned = t.learned_all();
+        eprintln!("{client_name} learned: {learned:?}");
+        if client_name == "learned" {
+            *server.learned.lock().expect("not poisoned") = learned;
+        }
+    }
     let name = match client_name {
         "plain" => "plain reqwest-middleware",
         "retry" => "reqwest-retry (default backoff)",
         "careful" => "governor + semaphore + retry",
         "throttle" => "Throttle, limits configured",
-        _ => "Throttle, max_in_flight only",
+        "learned" => "Throttle, max_in_flight only",
+        _ => "Throttle, warm start from learned",
     };
     Run {
         target: server.name,
@@ -414,10 +445,11 @@ fn gateway_server(gateway: &Gateway, n_req: usize) -> Server<'_> {
             .least_time(n_req - streams, streams, n_req % 5 == 0)
             .as_secs_f64(),
         counts: Counts::Gateway(gateway),
+        learned: Default::default(),
     }
 }
 
-fn nginx_server(upstream: &Upstream, n_req: usize, throttle_burst: u32) -> Server<'_> {
+fn nginx_server(upstream: &Upstream, url: String, n_req: usize, throttle_burst: u32) -> Server<'_> {
     let rate = NonZeroU32::new(NGINX_RATE_PER_S).expect("non-zero");
     let burst = NonZeroU32::new(NGINX_BURST).expect("non-zero");
     let throttle = Throttle::builder()
@@ -431,7 +463,7 @@ fn nginx_server(upstream: &Upstream, n_req: usize, throttle_burst: u32) -> Serve
     let paced = n_req.saturating_sub(NGINX_BURST as usize + 1) as f64;
     Server {
         name: "nginx",
-        base: NGINX_URL.to_owned(),
+        base: url,
         parallel: NGINX_PARALLEL,
         throttle,
         governor: Quota::per_second(rate).allow_burst(burst),
@@ -439,6 +471,7 @@ fn nginx_server(upstream: &Upstream, n_req: usize, throttle_burst: u32) -> Serve
         rate_window: Duration::from_secs(1),
         min_s: (paced / f64::from(NGINX_RATE_PER_S) + last).max(busy / f64::from(NGINX_PARALLEL)),
         counts: Counts::Upstream(upstream),
+        learned: Default::default(),
     }
 }
 
@@ -582,25 +615,35 @@ async fn main() {
     let mut runs = Vec::new();
     if args.gateway {
         // The seed's limits, time scaled by 10: 120 per 6 s, 20 parallel, 50 ms, 5 x 20 ms streams.
-        let gateway =
-            Gateway::start(GatewayConfig::seed_limits_scaled(10.0)).expect("the gateway binds");
+        let mut config = GatewayConfig::seed_limits_scaled(10.0);
+        if args.gateway_epoch_reset {
+            config = config.with_rate_limit_headers(HeaderStyle::EpochReset);
+        }
+        let gateway = Gateway::start(config).expect("the gateway binds");
         run_target(&gateway_server(&gateway, args.requests), &args, &mut runs).await;
         let _ = gateway.shutdown().await;
     }
     if args.nginx {
+        let url = format!("http://127.0.0.1:{}", args.nginx_port);
         let up = match reqwest::Client::builder().no_proxy().build() {
-            Ok(http) => nginx_is_up(&http).await,
+            Ok(http) if args.nginx_port == 18080 => nginx_is_up(&http).await,
+            Ok(http) => {
+                let health = http.get(format!("{url}/health")).send().await;
+                matches!(health, Ok(r) if r.status() == 200)
+            }
             Err(_) => false,
         };
         if !up {
-            eprintln!(
-                "nginx: skipped, nothing answers on {NGINX_URL} (run benches/nginx/start.sh)"
-            );
+            eprintln!("nginx: skipped, nothing answers on {url} (run benches/nginx/start.sh)");
         } else {
-            let upstream = Upstream::start(NGINX_UPSTREAM)
+            let upstream_addr = match args.nginx_port {
+                18080 => NGINX_UPSTREAM.to_owned(),
+                p => format!("127.0.0.1:{}", p + 1),
+            };
+            let upstream = Upstream::start(&upstream_addr)
                 .await
                 .expect("the upstream binds to its fixed port");
-            let server = nginx_server(&upstream, args.requests, args.nginx_burst);
+            let server = nginx_server(&upstream, url, args.requests, args.nginx_burst);
             run_target(&server, &args, &mut runs).await;
             upstream.shutdown().await;
         }

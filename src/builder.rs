@@ -10,6 +10,7 @@ use crate::charge::{UsageFromBody, UsageFromHeaders};
 use crate::clock::FAR_FUTURE;
 use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
+use crate::learn::{CircuitBreaker, LearnConfig, RetryAfterPolicy, DEFAULT_PROBE_AFTER};
 use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
 use crate::store::{Backend, Limits, Unit, WindowQuota, MAX_TOKEN_BUCKETS};
 use crate::throttle::{Settings, Throttle};
@@ -53,6 +54,10 @@ pub const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(30);
 /// | [`priority_aging`](Self::priority_aging) | 30 s | seconds |
 /// | [`settle_from_headers`](Self::settle_from_headers) | none | |
 /// | [`settle_from_body`](Self::settle_from_body) | none | bytes |
+/// | [`learn_limits`](Self::learn_limits) | on when no quota is configured | |
+/// | [`circuit_breaker`](Self::circuit_breaker) | open after 5 failures, for 60 s | |
+/// | [`retry_after_policy`](Self::retry_after_policy) | [`RetryAfterPolicy::Strict`] | |
+/// | [`probe_after`](Self::probe_after) | 30 s | seconds |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
@@ -77,6 +82,10 @@ pub struct ThrottleBuilder {
     priority_aging: Duration,
     usage_from_headers: Option<UsageFromHeaders>,
     usage_from_body: Option<UsageFromBody>,
+    learn: Option<bool>,
+    breaker: Option<CircuitBreaker>,
+    retry_after_policy: RetryAfterPolicy,
+    probe_after: Duration,
 }
 
 impl Default for ThrottleBuilder {
@@ -102,6 +111,10 @@ impl Default for ThrottleBuilder {
             priority_aging: DEFAULT_PRIORITY_AGING,
             usage_from_headers: None,
             usage_from_body: None,
+            learn: None,
+            breaker: Some(CircuitBreaker::default()),
+            retry_after_policy: RetryAfterPolicy::Strict,
+            probe_after: DEFAULT_PROBE_AFTER,
         }
     }
 }
@@ -394,6 +407,58 @@ impl ThrottleBuilder {
         self
     }
 
+    /// Learns each scope's limits from the server's answers (see the README, "Learning the
+    /// limits"): the rate and burst of a token bucket from which sends it refused, the
+    /// in-flight cap from parallel-limit refusals (halved on one, one more every 10 successes,
+    /// within 1 and [`max_in_flight`](Self::max_in_flight)), and a window server's limit for
+    /// export. What is learned is added to the configured limits; see
+    /// [`Throttle::learned`](crate::Throttle::learned).
+    ///
+    /// # Default
+    /// On when no quota ([`sliding_window`](Self::sliding_window),
+    /// [`token_bucket`](Self::token_bucket)) is configured, off otherwise: configured quotas
+    /// are taken to be the server's, and a learned bucket could only slow them down.
+    pub fn learn_limits(mut self, on: bool) -> Self {
+        self.learn = Some(on);
+        self
+    }
+
+    /// The per-scope circuit breaker (`None`: none): after
+    /// [`failures`](CircuitBreaker::failures) consecutive failures (5xx answers and transport
+    /// errors; 429s do not count, the cooldown handles them) requests of the scope fail at
+    /// once with [`ThrottleError::CircuitOpen`](crate::ThrottleError::CircuitOpen) for
+    /// [`open_for`](CircuitBreaker::open_for) (longer if the last failure's `Retry-After`
+    /// asks); then exactly one probe request goes, and the circuit closes when it succeeds.
+    ///
+    /// # Default
+    /// `Some(CircuitBreaker::default())`: 5 failures, 60 s. `build` fails with
+    /// [`BuildError::ZeroBreakerFailures`] for 0 failures.
+    pub fn circuit_breaker(mut self, breaker: Option<CircuitBreaker>) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// What a rate-limit refusal's `Retry-After` does once the rate is learned.
+    ///
+    /// # Default
+    /// [`RetryAfterPolicy::Strict`]: it closes the scope's cooldown for that long.
+    pub fn retry_after_policy(mut self, policy: RetryAfterPolicy) -> Self {
+        self.retry_after_policy = policy;
+        self
+    }
+
+    /// How long a learned pace must go without a refusal before it is raised by 10 %, to
+    /// find out whether the server allows more, when the rate is known for certain
+    /// (confidence 1); a less certain rate is probed sooner: after `clean × confidence²⁰`
+    /// (about a tenth of it at confidence 0.9).
+    ///
+    /// # Default
+    /// 30 s.
+    pub fn probe_after(mut self, clean: Duration) -> Self {
+        self.probe_after = clean;
+        self
+    }
+
     /// Every invalid setting, in the order documented on [`BuildError`].
     fn problems(&self) -> Vec<BuildError> {
         let mut problems = Vec::new();
@@ -451,6 +516,9 @@ impl ThrottleBuilder {
         if self.max_scopes == 0 {
             problems.push(BuildError::ZeroMaxScopes);
         }
+        if self.breaker.is_some_and(|b| b.failures == 0) {
+            problems.push(BuildError::ZeroBreakerFailures);
+        }
         problems
     }
 
@@ -463,6 +531,9 @@ impl ThrottleBuilder {
         if let Some(error) = BuildError::from_problems(self.problems()) {
             return Err(error);
         }
+        let learn_on = self
+            .learn
+            .unwrap_or(self.windows.is_empty() && self.buckets.is_empty());
         let (base, cap) = self.backoff;
         let mut limits = Limits::new().with_max_in_flight(self.max_in_flight);
         // Zero limits were refused above.
@@ -485,8 +556,15 @@ impl ThrottleBuilder {
             jitter: if self.jitter { Jitter::On } else { Jitter::Off },
             max_server_wait: self.max_server_wait,
         };
+        let learn = LearnConfig::new(
+            learn_on,
+            self.breaker,
+            self.retry_after_policy,
+            self.probe_after,
+        );
         let engine = EngineConfig {
             store: self.store,
+            learn: std::sync::Arc::new(learn),
             scope: self.scope,
             limits,
             aging: self.priority_aging,

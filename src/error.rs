@@ -118,6 +118,9 @@ pub enum BuildError {
     /// `deadline(Duration::ZERO)` would fail every call before it is sent.
     #[error("deadline must be greater than zero")]
     ZeroDeadline,
+    /// A circuit breaker that opens after 0 failures would never close.
+    #[error("the circuit breaker needs at least 1 failure to open")]
+    ZeroBreakerFailures,
     /// Two or more of the problems above, in the order found (never nested, never fewer than
     /// two).
     #[error("{} invalid settings: {}", .0.len(), join(.0))]
@@ -205,10 +208,28 @@ pub enum ThrottleError {
         #[source]
         last_error: TransportError,
     },
+    /// The scope's circuit breaker is open (after consecutive failures: 5xx answers or
+    /// transport errors), so the request was not sent. See
+    /// [`ThrottleBuilder::circuit_breaker`](crate::ThrottleBuilder::circuit_breaker).
+    #[error("circuit open for {scope}: {}", circuit_message(*retry_in))]
+    CircuitOpen {
+        /// The scope's label.
+        scope: String,
+        /// Time until the circuit lets a probe request through; `None` while the probe is
+        /// under way (try again once it has its answer).
+        retry_in: Option<Duration>,
+    },
     /// The rate-limit store could not answer, so the request was not sent: a shared store
     /// unreachable under [`OnUnavailable::FailClosed`](crate::store::OnUnavailable), say.
     #[error(transparent)]
     StoreUnavailable(#[from] crate::store::StoreError),
+}
+
+fn circuit_message(retry_in: Option<Duration>) -> String {
+    match retry_in {
+        Some(d) => format!("a probe may go in {d:?}"),
+        None => "its probe request is under way".to_owned(),
+    }
 }
 
 /// "1 attempt", "2 attempts".

@@ -53,6 +53,7 @@ mod engine;
 mod error;
 mod extensions;
 pub mod headers;
+mod learn;
 mod middleware;
 pub mod policy;
 pub mod store;
@@ -75,6 +76,10 @@ pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
 /// `governor` need not be a direct dependency.
 pub use governor::Quota;
 pub use headers::{Allowance, Hints, LimitKind};
+pub use learn::{
+    CircuitBreaker, CircuitState, LearnedLimits, LearnedWindow, RetryAfterPolicy,
+    DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR, DEFAULT_PROBE_AFTER,
+};
 pub use policy::StopReason;
 pub use throttle::{Permit, ScopeStats, Stats, Throttle};
 

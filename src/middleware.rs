@@ -17,7 +17,7 @@ use crate::body::{
 };
 use crate::charge::Charge;
 use crate::clock::instant_after;
-use crate::engine::{count, Lease, Refused, Slot};
+use crate::engine::{count, Lease, Probe, Refused, Slot};
 use crate::error::{ThrottleError, TransportError};
 use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
 use crate::headers::{self, ErrorBody, Hints};
@@ -81,6 +81,10 @@ struct Call<'a> {
     deadline_wait: Option<Duration>,
     /// The cooldown the last answer closed for the scope.
     cooldown: Option<Duration>,
+    /// The half-open circuit's probe, when this call's next attempt is it.
+    probe: Option<Probe>,
+    /// The number of the attempt in flight in the scope's send log.
+    sent: u64,
 }
 
 /// An answer kept through a retry wait, with the cooldown it closed and its charge.
@@ -108,6 +112,7 @@ impl Inner {
                 Ok(lease) => lease,
                 Err(end) => return end,
             };
+            call.sent = call.scope.learn_sent();
             let result = match send(next.clone(), req, extensions, call.deadline).await {
                 Ok(result) => result,
                 Err(DeadlinePassed) => return call.deadline_reached(1, None, None),
@@ -157,6 +162,8 @@ impl<'a> Call<'a> {
             last: None,
             deadline_wait: None,
             cooldown: None,
+            probe: None,
+            sent: 0,
         }
     }
 
@@ -169,6 +176,10 @@ impl<'a> Call<'a> {
 
     /// Waits for the scope to admit the next attempt; `Err` holds how the call ends instead.
     async fn admit(&mut self) -> std::result::Result<Lease, Result<Response>> {
+        match self.scope.circuit_check() {
+            Ok(probe) => self.probe = probe,
+            Err(open) => return Err(Err(Error::middleware(open))),
+        }
         let admitted = self
             .scope
             .admit(self.cost, self.priority, self.deadline, &mut self.waits)
@@ -203,14 +214,17 @@ impl<'a> Call<'a> {
         let (response, error_body) = match result {
             Ok(answer) => answer,
             Err(err) => {
+                self.learn(None, None).await;
                 let transient = is_transient(&err);
                 let decision = self.decide(Outcome::Transport { transient });
                 return (decision, Err(err));
             }
         };
         self.facts.redirected = sent_to.is_some_and(|url| answered_elsewhere(url, &response));
-        let hints = headers::parse(response.headers(), SystemTime::now());
+        let read_at = SystemTime::now();
+        let hints = headers::parse(response.headers(), read_at);
         let status = response.status();
+        let cooldown_cap = self.learn(Some(status), Some(&hints)).await;
         if status == StatusCode::TOO_MANY_REQUESTS {
             count!(self.scope, responses_429, fetch_add);
         }
@@ -225,12 +239,36 @@ impl<'a> Call<'a> {
         // the other callers: waiting does not change it.
         let is_final = matches!(decision, Decision::Stop(StopReason::Final { .. }));
         let max_wait = self.throttle.policy.max_server_wait;
-        self.cooldown = cooldown(status, &hints, max_wait).filter(|_| !is_final);
+        self.cooldown = cooldown(status, &hints, max_wait)
+            .filter(|_| !is_final)
+            // A success's pause on `remaining: 0`: from the earliest the reset can be.
+            .map(|d| match status.is_success() {
+                true => crate::learn::reset::earliest(d, read_at),
+                false => d.min(cooldown_cap.unwrap_or(d)),
+            })
+            .filter(|d| !d.is_zero());
         if let Some(d) = self.cooldown {
             tracing::debug!(scope = %self.scope.label, status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
             self.scope.close_cooldown(d).await;
         }
         (decision, Ok((response, hints)))
+    }
+
+    /// Feeds the attempt's answer (`None`: a transport error) to the scope's learner; the
+    /// cooldown cap it returns.
+    async fn learn(
+        &mut self,
+        status: Option<StatusCode>,
+        hints: Option<&Hints>,
+    ) -> Option<Duration> {
+        let answer = crate::learn::Answer {
+            seq: self.sent,
+            now: Instant::now().into_std(),
+            status,
+            hints,
+            probe: false,
+        };
+        self.scope.learn(answer, self.probe.take()).await
     }
 
     /// The policy's decision on `outcome`, with the deadline as it is now. The retry budget is

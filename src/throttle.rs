@@ -87,6 +87,8 @@ pub struct Stats {
     pub scopes: usize,
     /// Calls to a shared store (Redis) that failed or timed out; 0 for the in-memory store.
     pub store_errors: u64,
+    /// Live scopes whose circuit is not closed (open, or half-open).
+    pub circuits_open: usize,
 }
 
 /// A snapshot of one scope's counters, from [`Throttle::scope_stats`].
@@ -109,6 +111,8 @@ pub struct ScopeStats {
     pub retries: u64,
     /// In-flight slots free now, or `None` with no in-flight cap.
     pub available_permits: Option<usize>,
+    /// The scope's circuit breaker.
+    pub circuit: crate::learn::CircuitState,
 }
 
 fn read(c: &Counters) -> (usize, usize, u64, u64, u64, u64) {
@@ -156,8 +160,10 @@ impl Throttle {
             read(engine.total());
         let mut available_permits = None;
         let mut live = 0;
+        let mut circuits_open = 0;
         engine.each_scope(|slot| {
             live += 1;
+            circuits_open += usize::from(slot.circuit() != crate::learn::CircuitState::Closed);
             if let Some(free) = slot.available_permits() {
                 *available_permits.get_or_insert(0) += free;
             }
@@ -176,6 +182,7 @@ impl Throttle {
             available_permits,
             scopes: engine.keyed_scopes(),
             store_errors: engine.store().errors(),
+            circuits_open,
         }
     }
 
@@ -192,6 +199,7 @@ impl Throttle {
                 responses_429,
                 retries,
                 available_permits: slot.available_permits(),
+                circuit: slot.circuit(),
             });
         });
         all
@@ -247,6 +255,40 @@ impl Throttle {
         priority: Priority,
     ) -> Result<Permit, ThrottleError> {
         permit_in(self.inner.engine.unkeyed(), cost, priority).await
+    }
+
+    /// What the throttle has learned of the limits of scope `label` (as in
+    /// [`ScopeStats::label`]: `http://127.0.0.1:8080` for an authority), or `None` when no
+    /// live scope has that label. See [`ThrottleBuilder::learn_limits`](crate::ThrottleBuilder::learn_limits).
+    pub fn learned(&self, label: &str) -> Option<crate::learn::LearnedLimits> {
+        let mut found = None;
+        self.inner.engine.each_scope(|slot| {
+            if found.is_none() && &*slot.label == label {
+                found = Some(slot.learned());
+            }
+        });
+        found
+    }
+
+    /// What the throttle has learned of every live scope, in no particular order: to save
+    /// (with the `serde` feature) and [`load`](Self::load_learned) into the next run's throttle.
+    pub fn learned_all(&self) -> Vec<crate::learn::LearnedLimits> {
+        let mut all = Vec::new();
+        self.inner
+            .engine
+            .each_scope(|slot| all.push(slot.learned()));
+        all
+    }
+
+    /// Starts scopes warm: a scope opened from now on whose label matches one of `limits` starts
+    /// with its rate, burst, window and in-flight cap (the cap never above the configured
+    /// `max_in_flight`) instead of learning them from refusals. Scopes already alive keep what
+    /// they have. Labels are stable across runs for [`Scope::per_authority`](crate::Scope::per_authority)
+    /// and [`Scope::from_fn`](crate::Scope::from_fn) scopes; a [`Scope::per_header`](crate::Scope::per_header)
+    /// label hashes with a key drawn per throttle, so it does not match in another run.
+    /// Nothing is applied when learning is off.
+    pub fn load_learned(&self, limits: impl IntoIterator<Item = crate::learn::LearnedLimits>) {
+        self.inner.engine.learn_config().load(limits);
     }
 
     /// The retry policy this throttle applies.

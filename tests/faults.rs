@@ -380,7 +380,9 @@ async fn an_answer_with_no_body_releases_the_permit_without_being_read() {
 /// status, its `ThrottleInfo` and how many requests the server read.
 async fn always_429(headers: Lines) -> (u16, ThrottleInfo, usize) {
     let server = RawServer::start(move |_, _| too_many(headers)).await;
+    // Not learned: a parallel-limit refusal would lower the in-flight cap checked below.
     let throttle = Throttle::builder()
+        .learn_limits(false)
         .max_in_flight(3)
         .max_retries(2)
         .jitter(false)

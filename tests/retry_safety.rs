@@ -302,7 +302,9 @@ mod budget {
     #[tokio::test(start_paused = true)]
     async fn a_spent_budget_stops_retries_and_says_so() {
         let server = FakeServer::new(|_, _| json(503, &[], "{}"));
+        // 15 failures in a row: the circuit breaker would open after 5.
         let throttle = Throttle::builder()
+            .circuit_breaker(None)
             .max_retries(1)
             .jitter(false)
             .retry_budget(Some(RetryBudget {
@@ -360,6 +362,7 @@ mod budget {
     async fn without_a_budget_only_max_retries_bounds() {
         let server = FakeServer::new(|_, _| json(503, &[], "{}"));
         let throttle = Throttle::builder()
+            .circuit_breaker(None)
             .max_retries(1)
             .jitter(false)
             .retry_budget(None)

@@ -18,7 +18,9 @@ const WINDOW: Duration = Duration::from_secs(5);
 #[tokio::test(start_paused = true)]
 async fn a_retry_layer_outside_the_throttle_keeps_every_attempt_inside_the_quota() {
     let server = FakeServer::new(|_, _| status(503));
+    // 8 failures in a row: the circuit breaker would open after 5.
     let throttle = Throttle::builder()
+        .circuit_breaker(None)
         .sliding_window(3, WINDOW)
         .window_guard(Duration::ZERO)
         .max_retries(0)

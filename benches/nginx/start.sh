@@ -6,7 +6,8 @@
 #
 # Environment (defaults): NGINX_PREFIX (/tmp/reqwest-throttle-nginx), NGINX_PORT (18080),
 # UPSTREAM_PORT (18081), NGINX_RATE (50 requests/s), NGINX_BURST (20), NGINX_PARALLEL (10),
-# NGINX_RETRY_AFTER_MS (off; on: also a retry-after-ms header), NGINX (the nginx binary on PATH,
+# NGINX_RETRY_AFTER_MS (off; on: also a retry-after-ms header), NGINX_HINTS (on; off: refusals
+# carry no Retry-After, retry-after-ms or rate_limit_type), NGINX (the nginx binary on PATH,
 # else /usr/sbin/nginx).
 #
 # nginx proxies /v1/chat and /v1/stream to 127.0.0.1:$UPSTREAM_PORT, a small Rust server that
@@ -34,9 +35,11 @@ chmod 755 "$prefix"
 # Off by default (only Retry-After, whole seconds); NGINX_RETRY_AFTER_MS=on adds it.
 retry_ms=$(( (1000 + rate - 1) / rate ))
 if [ "${NGINX_RETRY_AFTER_MS:-off}" != on ]; then retry_ms=; fi
+hints=
+if [ "${NGINX_HINTS:-on}" = off ]; then hints='# '; fi
 sed -e "s|@PREFIX@|$prefix|g" -e "s|@PORT@|$port|g" -e "s|@UPSTREAM_PORT@|$upstream|g" \
     -e "s|@RATE@|$rate|g" -e "s|@BURST@|$burst|g" -e "s|@PARALLEL@|$parallel|g" \
-    -e "s|@RETRY_AFTER_MS@|\"$retry_ms\"|g" \
+    -e "s|@RETRY_AFTER_MS@|\"$retry_ms\"|g" -e "s|@HINTS@|$hints|g" \
     "$here/nginx.conf.template" >"$prefix/nginx.conf"
 # -e: never touch the compiled-in error log path; -p: every relative path under the prefix.
 "$nginx_bin" -e "$prefix/logs/error.log" -p "$prefix" -c "$prefix/nginx.conf" -t -q

@@ -4,6 +4,7 @@
 //!
 //! This is the only place (with the retry sleep in the middleware) that waits.
 
+mod learning;
 mod queue;
 mod registry;
 mod scope;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 pub use scope::Scope;
 
+pub(crate) use learning::Probe;
 pub(crate) use registry::Bounds;
 pub(crate) use slot::{count, Counters, Lease, Slot};
 
@@ -59,6 +61,7 @@ pub(crate) struct EngineConfig<S> {
     pub(crate) limits: Limits,
     pub(crate) aging: Duration,
     pub(crate) bounds: Bounds,
+    pub(crate) learn: Arc<crate::learn::LearnConfig>,
 }
 
 /// Admission for one throttle: its scopes and their counters.
@@ -77,6 +80,7 @@ impl<S: Store> Engine<S> {
             aging: config.aging,
             total: total.clone(),
             origin: tokio::time::Instant::now(),
+            learn: config.learn.clone(),
         };
         Self {
             registry: Registry::new(config.scope, slots, config.bounds),
@@ -112,6 +116,11 @@ impl<S: Store> Engine<S> {
     /// The store.
     pub(crate) fn store(&self) -> &S {
         self.registry.store()
+    }
+
+    /// The learning settings.
+    pub(crate) fn learn_config(&self) -> &crate::learn::LearnConfig {
+        self.registry.learn_config()
     }
 
     /// The number of live keyed scopes.

@@ -205,6 +205,11 @@ impl<S: Store> Registry<S> {
         &self.config.limits
     }
 
+    /// The learning settings new scopes start with.
+    pub(crate) fn learn_config(&self) -> &crate::learn::LearnConfig {
+        &self.config.learn
+    }
+
     /// The live keyed scopes (the unkeyed and overflow scopes not counted).
     pub(crate) fn len(&self) -> usize {
         lock(&self.map).slots.len()

@@ -53,6 +53,8 @@ pub(crate) struct Slot<S: Store> {
     /// Nanoseconds from `origin` to the last lookup, for idle eviction.
     last_used: AtomicU64,
     origin: Instant,
+    /// What the scope learned from its answers, and its circuit breaker.
+    pub(crate) learner: Mutex<crate::learn::ScopeLearner>,
 }
 
 /// What a new slot is made of.
@@ -63,21 +65,26 @@ pub(crate) struct SlotConfig<S> {
     pub(crate) aging: Duration,
     pub(crate) total: Arc<Counters>,
     pub(crate) origin: Instant,
+    pub(crate) learn: Arc<crate::learn::LearnConfig>,
 }
 
 impl<S: Store> SlotConfig<S> {
     pub(crate) fn open(&self, id: ScopeId, label: String) -> Slot<S> {
+        // A warm start's limits apply from the first request.
+        let learner = self.learn.scope(&label, &self.limits);
+        let limits = learner.limits();
         let slot = Slot {
             label: label.into_boxed_str(),
-            state: self.store.open(id, &self.limits),
+            state: self.store.open(id, &limits),
             store: self.store.clone(),
             queue: Mutex::new(WaitQueue::new(self.aging)),
             counters: Counters::default(),
             total: self.total.clone(),
-            max_in_flight: AtomicUsize::new(self.limits.max_in_flight.unwrap_or(usize::MAX)),
-            capacity: AtomicU32::new(self.limits.capacity().unwrap_or(u32::MAX)),
+            max_in_flight: AtomicUsize::new(limits.max_in_flight.unwrap_or(usize::MAX)),
+            capacity: AtomicU32::new(limits.capacity().unwrap_or(u32::MAX)),
             last_used: AtomicU64::new(0),
             origin: self.origin,
+            learner: Mutex::new(learner),
         };
         slot.touch(Instant::now());
         slot
@@ -211,8 +218,7 @@ impl<S: Store> Slot<S> {
     }
 
     /// Takes new limits. Leases held stay held; waiters try again at once. (Driven by the
-    /// learned limits; tested here.)
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// learned limits.)
     pub(crate) async fn set_limits(&self, limits: &Limits) -> Result<(), Refused> {
         self.store
             .set_limits(&self.state, limits)

@@ -1,6 +1,7 @@
 //! Engine tests that need its crate-internal API (resizing limits).
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -21,6 +22,7 @@ fn engine(limits: Limits) -> Engine<MemoryStore> {
             max_scopes: 10,
             idle_ttl: 600 * S,
         },
+        learn: Arc::new(crate::learn::LearnConfig::off()),
     })
 }
 

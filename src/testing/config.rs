@@ -66,6 +66,11 @@ pub enum HeaderStyle {
     /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, the reset as a Go duration
     /// (`1.5s`, `6m0s`: the time until the window is whole again).
     OpenAi,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` of the request
+    /// window, as moving-window servers send them: the reset is when the oldest counted
+    /// request leaves the window, in whole Unix epoch seconds rounded up (so up to 1 s late).
+    /// No tokens.
+    EpochReset,
 }
 
 impl Default for GatewayConfig {

@@ -281,6 +281,24 @@ impl Limits {
         Allowances { requests, tokens }
     }
 
+    /// What is left of `user`'s window at `now` (requests), and when its oldest counted
+    /// request leaves it (`now + window` when none is counted).
+    pub(crate) fn window_left(&self, user: &UserKey, now: Instant) -> (u32, Instant) {
+        let window = self.window;
+        let Some(state) = self.users.get(user) else {
+            return (self.requests_per_window, now + window);
+        };
+        let counted: Vec<Instant> = state
+            .log
+            .iter()
+            .copied()
+            .filter(|&t| t + window > now)
+            .collect();
+        let used = u32::try_from(counted.len()).unwrap_or(u32::MAX);
+        let reset = counted.first().map_or(now + window, |&t| t + window);
+        (self.requests_per_window.saturating_sub(used), reset)
+    }
+
     /// Gives back the parallel slot of one admitted request of `user`.
     pub(crate) fn release(&mut self, user: &UserKey) {
         if let Some(state) = self.users.get_mut(user) {

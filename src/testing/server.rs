@@ -209,8 +209,24 @@ fn with_rate_limit_headers(shared: &Shared, user: &UserKey, mut response: Respon
     let Some(style) = shared.config.rate_limit_headers else {
         return response;
     };
-    let allowances = shared.limits().allowances(user, Instant::now());
     let headers = response.headers_mut();
+    if style == HeaderStyle::EpochReset {
+        let now = Instant::now();
+        let (remaining, reset) = shared.limits().window_left(user, now);
+        let at = SystemTime::now() + reset.saturating_duration_since(now);
+        let since = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let reset_epoch_s = since.as_secs() + u64::from(since.subsec_nanos() > 0);
+        headers.insert(
+            "x-ratelimit-limit",
+            HeaderValue::from(shared.config.requests_per_window),
+        );
+        headers.insert("x-ratelimit-remaining", HeaderValue::from(remaining));
+        headers.insert("x-ratelimit-reset", HeaderValue::from(reset_epoch_s));
+        return response;
+    }
+    let allowances = shared.limits().allowances(user, Instant::now());
     for (name, value) in rate_limit_headers(style, &allowances, SystemTime::now()) {
         if let Ok(value) = HeaderValue::from_str(&value) {
             headers.insert(name, value);
@@ -254,6 +270,8 @@ pub(crate) fn rate_limit_headers(
                 out.push((names.2, reset_at(now, reset)));
             }
         }
+        // Sent by `with_rate_limit_headers` itself: its reset is not the window's.
+        HeaderStyle::EpochReset => {}
         HeaderStyle::OpenAi => {
             let names = [
                 (

@@ -1,0 +1,116 @@
+//! The scope's side of learning: the circuit check before admission, the send log, and the
+//! learned limits applied after an answer. The estimators themselves are in
+//! [`learn`](crate::learn); this is where a later "limits learned" or "circuit opened" event
+//! would be emitted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Slot;
+use crate::error::ThrottleError;
+use crate::learn::breaker::Pass;
+use crate::learn::{Answer, CircuitState, LearnedLimits};
+use crate::store::Store;
+use crate::sync::lock;
+
+/// The half-open circuit's one probe, held by the call that sends it. Dropped before its
+/// answer was learned (the call cancelled, or refused locally), it hands the probe to the
+/// next request.
+#[derive(Debug)]
+#[must_use = "dropping the probe hands it to the next request"]
+pub(crate) struct Probe {
+    release: Option<Arc<dyn AbandonProbe>>,
+}
+
+/// What a [`Probe`] needs of its slot, whatever the store.
+trait AbandonProbe: Send + Sync + std::fmt::Debug {
+    fn abandon(&self);
+}
+
+impl<S: Store> AbandonProbe for Slot<S> {
+    fn abandon(&self) {
+        lock(&self.learner).probe_abandoned();
+    }
+}
+
+impl Probe {
+    /// The answer was learned: the probe did its work.
+    fn done(mut self) {
+        self.release = None;
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        if let Some(slot) = self.release.take() {
+            slot.abandon();
+        }
+    }
+}
+
+impl<S: Store> Slot<S> {
+    /// Whether the circuit lets a request go now: `Ok(Some(probe))` when it goes as the
+    /// half-open circuit's probe.
+    ///
+    /// # Errors
+    /// [`ThrottleError::CircuitOpen`] while the circuit is open, or half-open with its probe
+    /// under way.
+    pub(crate) fn circuit_check(self: &Arc<Self>) -> Result<Option<Probe>, ThrottleError> {
+        let checked = lock(&self.learner).check(Instant::now().into_std());
+        match checked {
+            Ok(Pass::Go) => Ok(None),
+            Ok(Pass::Probe) => {
+                let slot: Arc<dyn AbandonProbe> = self.clone();
+                Ok(Some(Probe {
+                    release: Some(slot),
+                }))
+            }
+            Err(retry_in) => Err(ThrottleError::CircuitOpen {
+                scope: self.label.to_string(),
+                retry_in,
+            }),
+        }
+    }
+
+    /// Logs a send made now; its number goes into the [`Answer`] given to
+    /// [`learn`](Self::learn).
+    pub(crate) fn learn_sent(&self) -> u64 {
+        lock(&self.learner).sent(Instant::now().into_std())
+    }
+
+    /// Learns from one answer (`probe`: the call's probe, if this attempt was one) and applies
+    /// what changed. Returns the longest the scope's cooldown should stay closed for it, when
+    /// the learned model cuts a coarse `Retry-After`.
+    pub(crate) async fn learn(&self, answer: Answer<'_>, probe: Option<Probe>) -> Option<Duration> {
+        let answer = Answer {
+            probe: probe.is_some(),
+            ..answer
+        };
+        let learned = lock(&self.learner).answered(answer);
+        if let Some(p) = probe {
+            p.done();
+        }
+        if learned.opened {
+            tracing::warn!(scope = %self.label, "circuit opened");
+        }
+        if let Some(limits) = &learned.limits {
+            tracing::debug!(scope = %self.label, ?limits, "learned limits");
+            if let Err(e) = self.set_limits(limits).await {
+                tracing::warn!(scope = %self.label, error = ?e, "learned limits not applied");
+            }
+        }
+        learned.cooldown_cap
+    }
+
+    /// What the scope learned.
+    pub(crate) fn learned(&self) -> LearnedLimits {
+        lock(&self.learner).snapshot(&self.label)
+    }
+
+    /// The scope's circuit now.
+    pub(crate) fn circuit(&self) -> CircuitState {
+        lock(&self.learner).circuit(Instant::now().into_std())
+    }
+}

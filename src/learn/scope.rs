@@ -1,0 +1,280 @@
+//! [`ScopeLearner`]: what one scope learns from its answers, and its circuit breaker.
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+
+use super::aimd::Aimd;
+use super::breaker::{self, Breaker, CircuitState, Pass};
+use super::rate::{Bucket, RateModel, Seen};
+use super::window::WindowModel;
+use super::{LearnConfig, LearnedLimits, RetryAfterPolicy};
+use crate::headers::{Hints, LimitKind};
+use crate::store::{Limits, WindowQuota};
+
+/// One attempt's answer, as the learner sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answer<'a> {
+    /// The send's number, from [`ScopeLearner::sent`].
+    pub(crate) seq: u64,
+    /// When the answer came.
+    pub(crate) now: Instant,
+    /// The status, or `None` for a transport error.
+    pub(crate) status: Option<StatusCode>,
+    /// The answer's hints.
+    pub(crate) hints: Option<&'a Hints>,
+    /// Whether this attempt was the half-open circuit's probe.
+    pub(crate) probe: bool,
+}
+
+/// What an answer changed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Learned {
+    /// The scope's new limits, when they changed.
+    pub(crate) limits: Option<Limits>,
+    /// The longest the scope's cooldown should stay closed for this answer, when the
+    /// [`RetryAfterPolicy::Learned`] policy cuts a coarse `Retry-After`.
+    pub(crate) cooldown_cap: Option<Duration>,
+    /// Whether this answer opened the circuit.
+    pub(crate) opened: bool,
+}
+
+/// One scope's estimators and breaker.
+#[derive(Debug)]
+pub(crate) struct ScopeLearner {
+    learn: bool,
+    policy: RetryAfterPolicy,
+    probe_after: Duration,
+    /// The configured limits, to which the learned ones are added.
+    base: Limits,
+    rate: RateModel,
+    window: WindowModel,
+    /// A window loaded for a warm start (applied as a sliding window).
+    warm_window: Option<super::LearnedWindow>,
+    /// The confidence loaded with a warm start's rate.
+    warm_confidence: f64,
+    aimd: Option<Aimd>,
+    /// Parallel-limit refusals of sends numbered below this were sent before the cap was last
+    /// lowered: the same episode, not lowered again.
+    aimd_episode_end: u64,
+    breaker: Option<Breaker>,
+}
+
+impl ScopeLearner {
+    pub(crate) fn new(config: &LearnConfig, base: Limits, warm: Option<&LearnedLimits>) -> Self {
+        let learn = config.learn;
+        let prior = warm
+            .filter(|_| learn)
+            .and_then(|w| Some((w.rate?, w.burst?)))
+            .filter(|(rate, _)| rate.is_finite() && *rate > 0.0)
+            .map(|(rate, burst)| Bucket {
+                rate,
+                burst: burst.max(1),
+            });
+        let max = base.max_in_flight;
+        let mut aimd = learn.then_some(max).flatten().map(Aimd::new);
+        if let (Some(a), Some(cap)) = (&mut aimd, warm.and_then(|w| w.max_in_flight)) {
+            *a = Aimd::warm(a.max(), cap);
+        }
+        Self {
+            learn,
+            policy: config.retry_after,
+            probe_after: config.probe_after,
+            base,
+            rate: prior.map_or_else(RateModel::default, RateModel::warm),
+            window: WindowModel::default(),
+            warm_window: warm.filter(|_| learn).and_then(|w| w.window),
+            warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
+            aimd,
+            aimd_episode_end: 0,
+            breaker: config.breaker.map(Breaker::new),
+        }
+    }
+
+    /// The scope's limits now: the configured ones, with what was learned.
+    pub(crate) fn limits(&self) -> Limits {
+        let mut limits = self.base.clone();
+        if !self.learn {
+            return limits;
+        }
+        if let Some(a) = &self.aimd {
+            limits.max_in_flight = Some(a.cap());
+        }
+        if let Some(w) = self.warm_window {
+            if let Some(limit) = NonZeroU32::new(w.limit) {
+                let guard = limits.bucket_guard;
+                limits = limits.with_window(WindowQuota::new(limit, w.window, guard));
+            }
+        }
+        if let Some(pace) = self.rate.pace {
+            if let Some(quota) = quota_of(pace) {
+                // The latency guard keeps part of a bucket's burst in hand; a learned burst
+                // keeps at least one cell usable (a pace of burst 1 keeps none in hand).
+                let usable = Duration::from_secs_f64(f64::from(pace.burst - 1) / pace.rate);
+                if self.base.buckets.is_empty() {
+                    limits.bucket_guard = limits.bucket_guard.min(usable);
+                }
+                limits = limits.with_bucket(quota);
+            }
+        }
+        limits
+    }
+
+    /// Logs a send made at `now`; its number goes into its [`Answer`].
+    pub(crate) fn sent(&mut self, now: Instant) -> u64 {
+        self.window.sent(now);
+        self.rate.sent(now)
+    }
+
+    /// Whether a request may go now (the circuit breaker); `Err` holds the time until it may
+    /// (`None`: the half-open probe is under way).
+    pub(crate) fn check(&mut self, now: Instant) -> Result<Pass, Option<Duration>> {
+        match &mut self.breaker {
+            Some(b) => b.check(now),
+            None => Ok(Pass::Go),
+        }
+    }
+
+    /// The probe ended without an answer.
+    pub(crate) fn probe_abandoned(&mut self) {
+        if let Some(b) = &mut self.breaker {
+            b.probe_abandoned();
+        }
+    }
+
+    /// The circuit's state at `now`.
+    pub(crate) fn circuit(&self, now: Instant) -> CircuitState {
+        self.breaker
+            .as_ref()
+            .map_or(CircuitState::Closed, |b| b.state(now))
+    }
+
+    /// Learns from one answer.
+    pub(crate) fn answered(&mut self, a: Answer<'_>) -> Learned {
+        let none = Hints::default();
+        let hints = a.hints.unwrap_or(&none);
+        let mut out = Learned::default();
+        let before = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
+        let (seen, result) = match a.status {
+            None => (Seen::Unknown, breaker::Result::Failure { asked: None }),
+            Some(s) if s.is_server_error() => (
+                Seen::Unknown,
+                breaker::Result::Failure {
+                    asked: hints.retry_after,
+                },
+            ),
+            Some(StatusCode::TOO_MANY_REQUESTS) => {
+                (self.refusal(hints, a.seq), breaker::Result::Refused)
+            }
+            Some(_) => (Seen::Admitted, breaker::Result::Success),
+        };
+        if let Some(b) = &mut self.breaker {
+            out.opened = b.record(result, a.probe, a.now);
+        }
+        if !self.learn {
+            return out;
+        }
+        match seen {
+            Seen::Admitted => {
+                if let Some(aimd) = &mut self.aimd {
+                    aimd.succeeded();
+                }
+                self.rate.answered(a.seq, seen, a.now);
+                // A less certain rate is probed sooner: 30 s at confidence 1, about 3.5 s at 0.9.
+                let clean = self.probe_after.mul_f64(self.confidence().powi(20));
+                self.rate.probe_up(a.now, clean);
+            }
+            Seen::Refused => {
+                self.rate.answered(a.seq, seen, a.now);
+                out.cooldown_cap = self.cooldown_cap(hints);
+            }
+            Seen::Pending | Seen::Unknown => {
+                self.rate.answered(a.seq, Seen::Unknown, a.now);
+            }
+        }
+        let after = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
+        if after != before {
+            out.limits = Some(self.limits());
+        }
+        out
+    }
+
+    /// Feeds a 429 to the model it concerns; what the rate model should log.
+    fn refusal(&mut self, hints: &Hints, seq: u64) -> Seen {
+        if !self.learn {
+            return Seen::Unknown;
+        }
+        if hints.limit_kind == Some(LimitKind::Concurrency) {
+            // Once per episode: the sends refused together were made at the old cap.
+            if let Some(a) = self.aimd.as_mut().filter(|_| seq >= self.aimd_episode_end) {
+                a.refused();
+                self.aimd_episode_end = self.rate.next_seq();
+            }
+            return Seen::Unknown;
+        }
+        // A refusal with a reset time: a window server, whose reset closes the cooldown.
+        let reset = hints.reset_after.or_else(|| {
+            hints
+                .allowances()
+                .filter(|a| a.remaining == Some(0))
+                .find_map(|a| a.reset_after)
+        });
+        if let Some(reset) = reset {
+            if let Some((sent, admitted)) = self.rate.before(seq) {
+                self.window.refused(reset, sent, admitted);
+            }
+            return Seen::Unknown;
+        }
+        Seen::Refused
+    }
+
+    /// Under [`RetryAfterPolicy::Learned`], the cooldown a coarse `Retry-After` is cut to:
+    /// one learned interval between sends.
+    fn cooldown_cap(&self, hints: &Hints) -> Option<Duration> {
+        if self.policy != RetryAfterPolicy::Learned {
+            return None;
+        }
+        let fit = self.rate.fit.filter(|f| f.pinned())?;
+        let interval = Duration::from_secs_f64(1.0 / fit.lo);
+        let asked = hints.retry_after?;
+        let coarse = asked >= Duration::from_secs(1) && asked > interval * 10;
+        coarse.then_some(interval)
+    }
+
+    /// How sure the learned rate is, from 0 to 1.
+    fn confidence(&self) -> f64 {
+        match (self.rate.fit, self.rate.prior) {
+            (Some(f), _) => f.confidence(),
+            (None, Some(_)) => self.warm_confidence,
+            (None, None) => 0.0,
+        }
+    }
+
+    /// What was learned, for scope `label`.
+    pub(crate) fn snapshot(&self, label: &str) -> LearnedLimits {
+        let pace = self.rate.pace.filter(|_| self.learn);
+        LearnedLimits {
+            scope: label.to_owned(),
+            rate: pace.map(|p| p.rate),
+            burst: pace.map(|p| p.burst),
+            window: self.window.learned.or(self.warm_window),
+            max_in_flight: self.limits().max_in_flight,
+            confidence: self.confidence(),
+            episodes: self.rate.episodes,
+        }
+    }
+}
+
+/// The token-bucket quota of a pace: one cell every `1 / rate`, `burst` at once.
+fn quota_of(pace: Bucket) -> Option<governor::Quota> {
+    if !(pace.rate.is_finite() && pace.rate > 0.0) {
+        return None;
+    }
+    // At most one cell per 100 years; at least one per nanosecond.
+    let period = Duration::try_from_secs_f64(1.0 / pace.rate)
+        .ok()?
+        .clamp(Duration::from_nanos(1), crate::clock::FAR_FUTURE);
+    let burst = NonZeroU32::new(pace.burst.max(1))?;
+    Some(governor::Quota::with_period(period)?.allow_burst(burst))
+}

@@ -1,0 +1,401 @@
+//! Limits learned from answers, and the circuit breaker, through the middleware, against
+//! in-process servers on paused time: nginx's `limit_req` (a GCRA that does not charge a
+//! refused request), a sliding window, and a parallel cap. Deterministic; no wall clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use reqwest_middleware::ClientWithMiddleware;
+use reqwest_throttle::{CircuitBreaker, CircuitState, Throttle, ThrottleError};
+use tokio::time::Instant;
+
+mod common;
+use common::{json, status, FakeServer};
+
+const URL: &str = "http://api.test/v1/chat";
+const LABEL: &str = "http://api.test:80";
+const SERVICE: Duration = Duration::from_millis(50);
+
+/// nginx's `limit_req rate=R burst=B nodelay`: `B + 1` at once, then one every `1/R`; a
+/// refused request is not charged.
+struct LimitReq {
+    rate: f64,
+    burst: f64,
+    excess: f64,
+    last: Option<Instant>,
+}
+
+impl LimitReq {
+    fn new(rate: f64, burst: u32) -> Self {
+        Self {
+            rate,
+            burst: f64::from(burst),
+            excess: 0.0,
+            last: None,
+        }
+    }
+
+    fn admit(&mut self, now: Instant) -> bool {
+        let elapsed = self.last.map_or(0.0, |l| (now - l).as_secs_f64());
+        let excess = (self.excess - self.rate * elapsed).max(0.0);
+        if excess > self.burst + 1e-9 {
+            return false;
+        }
+        self.excess = excess + 1.0;
+        self.last = Some(now);
+        true
+    }
+}
+
+/// An nginx-like server: 429 with `Retry-After: 1` and `rate_limit_type: requests_per_second`
+/// on a refusal (or no header at all with `hints: false`); admitted requests take `SERVICE`.
+fn nginx(rate: f64, burst: u32, hints: bool) -> FakeServer {
+    let limit = Mutex::new(LimitReq::new(rate, burst));
+    FakeServer::new(move |_, _| {
+        if limit.lock().unwrap().admit(Instant::now()) {
+            status(200)
+        } else if hints {
+            json(
+                429,
+                &[
+                    ("retry-after", "1"),
+                    ("rate_limit_type", "requests_per_second"),
+                ],
+                "{}",
+            )
+        } else {
+            json(429, &[], "{}")
+        }
+    })
+    .with_delay(SERVICE)
+}
+
+/// `n` GET requests from `callers` tasks; every one must end in a 200.
+async fn run(client: &ClientWithMiddleware, n: usize, callers: usize) {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks = (0..callers).map(|_| {
+        let (client, next) = (client.clone(), next.clone());
+        tokio::spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                let r = client.get(URL).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        })
+    });
+    for t in join_all(tasks).await {
+        t.unwrap();
+    }
+}
+
+fn learner(max_in_flight: usize) -> Throttle {
+    Throttle::builder()
+        .max_in_flight(max_in_flight)
+        .jitter_seed(7)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_learned_rate_is_within_5_percent_of_nginx_limit_req() {
+    let server = nginx(50.0, 20, true);
+    let throttle = learner(10);
+    run(&server.client(&throttle), 400, 40).await;
+    let learned = throttle.learned(LABEL).unwrap();
+    let rate = learned.rate.unwrap();
+    assert!((rate - 50.0).abs() <= 2.5, "{learned:?}");
+    assert!(learned.confidence > 0.9, "{learned:?}");
+    assert!((18..=22).contains(&learned.burst.unwrap()), "{learned:?}");
+    // Bounded: a refusal from idle, one at the exploring pace.
+    assert!(learned.episodes <= 3, "{learned:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_of_one_episode_count_once() {
+    let server = nginx(50.0, 20, true);
+    let throttle = learner(10);
+    run(&server.client(&throttle), 400, 40).await;
+    let learned = throttle.learned(LABEL).unwrap();
+    let refused = throttle.stats().responses_429;
+    // The in-flight requests refused together are more than the episodes they make.
+    assert!(
+        refused > u64::from(learned.episodes),
+        "{refused} {learned:?}"
+    );
+    assert!((2..=3).contains(&learned.episodes), "{learned:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_any_hint_the_rate_is_still_learned() {
+    let server = nginx(20.0, 5, false);
+    let throttle = learner(10);
+    run(&server.client(&throttle), 300, 20).await;
+    let learned = throttle.learned(LABEL).unwrap();
+    let rate = learned.rate.unwrap();
+    assert!((rate - 20.0).abs() <= 1.0, "{learned:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_warm_start_paces_from_the_first_request() {
+    // What a run against this server learns (see the test above), saved and loaded.
+    let mut saved = reqwest_throttle::LearnedLimits::default();
+    saved.scope = LABEL.into();
+    saved.rate = Some(49.5);
+    saved.burst = Some(21);
+    saved.max_in_flight = Some(10);
+    saved.confidence = 0.99;
+    let server = nginx(50.0, 20, true);
+    let warm = learner(10);
+    warm.load_learned([saved.clone()]);
+    run(&server.client(&warm), 300, 40).await;
+    let again = warm.learned(LABEL).unwrap();
+    assert_eq!(warm.stats().responses_429, 0, "{again:?}");
+    assert_eq!((again.rate, again.burst), (saved.rate, saved.burst));
+    assert_eq!(again.confidence, saved.confidence);
+    assert_eq!(again.episodes, 0);
+    // A cold throttle against the same kind of server is refused at first.
+    let server = nginx(50.0, 20, true);
+    let cold = learner(10);
+    run(&server.client(&cold), 300, 40).await;
+    assert!(cold.stats().responses_429 > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_server_teaches_its_limit_and_window() {
+    // At most 30 admitted in any 3 s; a refusal says when the oldest leaves (reset_at, here
+    // as seconds from now) and the cooldown waits for it.
+    let window = Duration::from_secs(3);
+    let log = Mutex::new(std::collections::VecDeque::<Instant>::new());
+    let server = FakeServer::new(move |_, _| {
+        let now = Instant::now();
+        let mut log = log.lock().unwrap();
+        while log.front().is_some_and(|&t| t + window <= now) {
+            log.pop_front();
+        }
+        if log.len() < 30 {
+            log.push_back(now);
+            return status(200);
+        }
+        let reset = (log[0] + window - now).as_secs_f64();
+        let reset = format!("{reset:.3}");
+        json(
+            429,
+            &[
+                ("rate_limit_type", "requests_per_minute"),
+                ("reset_at", &reset),
+            ],
+            "{}",
+        )
+    })
+    .with_delay(SERVICE);
+    let throttle = learner(10);
+    run(&server.client(&throttle), 100, 20).await;
+    let learned = throttle.learned(LABEL).unwrap().window.unwrap();
+    assert_eq!(learned.limit, 30);
+    let error = learned.window.abs_diff(window);
+    assert!(error <= Duration::from_millis(10), "{learned:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_in_flight_cap_converges_and_never_exceeds_max_in_flight() {
+    // The server allows 4 in progress; the throttle may have 10.
+    let ends: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let peak = Arc::new(Mutex::new(0usize));
+    let (e, p) = (ends.clone(), peak.clone());
+    let server = FakeServer::new(move |_, _| {
+        let now = Instant::now();
+        let mut ends = e.lock().unwrap();
+        ends.retain(|&end| end > now);
+        let mut peak = p.lock().unwrap();
+        *peak = (*peak).max(ends.len() + 1);
+        if ends.len() >= 4 {
+            return json(
+                429,
+                &[
+                    ("retry-after", "1"),
+                    ("rate_limit_type", "parallel_requests"),
+                ],
+                "{}",
+            );
+        }
+        ends.push(now + SERVICE);
+        status(200)
+    })
+    .with_delay(SERVICE);
+    let throttle = learner(10);
+    run(&server.client(&throttle), 600, 30).await;
+    let cap = throttle.learned(LABEL).unwrap().max_in_flight.unwrap();
+    assert!((2..=5).contains(&cap), "cap {cap}");
+    assert!(*peak.lock().unwrap() <= 10);
+    // Once learned, few refusals: each one halves the cap; ten successes raise it by one.
+    let refused = throttle.stats().responses_429;
+    assert!(refused < 60, "{refused} refusals for 600 requests");
+}
+
+fn breaker_throttle() -> Throttle {
+    Throttle::builder()
+        .max_retries(0)
+        .circuit_breaker(Some(CircuitBreaker::new(5, Duration::from_secs(60))))
+        .build()
+        .unwrap()
+}
+
+fn circuit_error(err: &reqwest_middleware::Error) -> ThrottleError {
+    ThrottleError::of(err).cloned().expect("a ThrottleError")
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_circuit_opens_after_5_failures_and_fails_fast() {
+    let server = FakeServer::new(|_, _| status(503));
+    let throttle = breaker_throttle();
+    let client = server.client(&throttle);
+    for _ in 0..5 {
+        assert_eq!(client.get(URL).send().await.unwrap().status(), 503);
+    }
+    let err = client.get(URL).send().await.unwrap_err();
+    assert_eq!(
+        circuit_error(&err),
+        ThrottleError::CircuitOpen {
+            scope: LABEL.into(),
+            retry_in: Some(Duration::from_secs(60)),
+        }
+    );
+    assert_eq!(server.seen().len(), 5, "nothing sent while open");
+    let stats = throttle.scope_stats();
+    assert_eq!(
+        stats[0].circuit,
+        CircuitState::Open {
+            retry_in: Duration::from_secs(60)
+        }
+    );
+    assert_eq!(throttle.stats().circuits_open, 1);
+    // 429s neither open nor close it.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let err = client.get(URL).send().await.unwrap_err();
+    assert_eq!(
+        circuit_error(&err),
+        ThrottleError::CircuitOpen {
+            scope: LABEL.into(),
+            retry_in: Some(Duration::from_secs(30)),
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_open_sends_exactly_one_probe_under_concurrency() {
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = healthy.clone();
+    let server = FakeServer::new(move |_, _| {
+        if h.load(std::sync::atomic::Ordering::Relaxed) {
+            status(200)
+        } else {
+            status(503)
+        }
+    })
+    .with_delay(SERVICE);
+    let throttle = breaker_throttle();
+    let client = server.client(&throttle);
+    for _ in 0..5 {
+        client.get(URL).send().await.unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(60)).await;
+    healthy.store(true, std::sync::atomic::Ordering::Relaxed);
+    server.forget();
+    // 10 callers at once: one probe goes; the others fail at once, told a probe is under way.
+    let results = join_all((0..10).map(|_| client.get(URL).send())).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(ok, 1);
+    assert_eq!(server.seen().len(), 1);
+    for err in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(
+            circuit_error(err),
+            ThrottleError::CircuitOpen {
+                scope: LABEL.into(),
+                retry_in: None,
+            }
+        );
+    }
+    // The probe succeeded: closed, and requests go again.
+    assert_eq!(throttle.scope_stats()[0].circuit, CircuitState::Closed);
+    assert_eq!(client.get(URL).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_probe_reopens_the_circuit() {
+    let server = FakeServer::new(|_, _| status(503));
+    let throttle = breaker_throttle();
+    let client = server.client(&throttle);
+    for _ in 0..5 {
+        client.get(URL).send().await.unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(client.get(URL).send().await.unwrap().status(), 503);
+    assert_eq!(
+        throttle.scope_stats()[0].circuit,
+        CircuitState::Open {
+            retry_in: Duration::from_secs(60)
+        }
+    );
+    assert_eq!(server.seen().len(), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_probe_hands_the_probe_to_the_next_request() {
+    let server = FakeServer::new(|_, _| status(503)).with_delay(SERVICE);
+    let throttle = breaker_throttle();
+    let client = server.client(&throttle);
+    for _ in 0..5 {
+        client.get(URL).send().await.unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(60)).await;
+    // The probe is cancelled while in flight.
+    let probe = tokio::time::timeout(Duration::from_millis(10), client.get(URL).send()).await;
+    assert!(probe.is_err(), "cancelled");
+    assert_eq!(
+        throttle.scope_stats()[0].circuit,
+        CircuitState::HalfOpen { probing: false }
+    );
+    assert_eq!(client.get(URL).send().await.unwrap().status(), 503);
+    assert_eq!(server.seen().len(), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_second_reset_pauses_from_the_earliest_it_can_be() {
+    // 0 remaining, reset stated in whole epoch seconds: up to 1 s early in truth.
+    let server = FakeServer::new(|_, _| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let reset = (now.as_secs() + 3).to_string();
+        json(
+            200,
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", &reset),
+            ],
+            "{}",
+        )
+    });
+    let throttle = Throttle::builder().build().unwrap();
+    let r = server.client(&throttle).get(URL).send().await.unwrap();
+    let cooldown = common::info(&r).cooldown.unwrap();
+    // The stated reset is 2 to 3 s away; the pause is 1 s shorter.
+    assert!(cooldown < Duration::from_secs(2), "{cooldown:?}");
+    assert!(cooldown >= Duration::from_secs(1), "{cooldown:?}");
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn learned_limits_round_trip_through_serde() {
+    let mut limits = reqwest_throttle::LearnedLimits::default();
+    limits.scope = LABEL.into();
+    limits.rate = Some(49.5);
+    limits.burst = Some(21);
+    limits.max_in_flight = Some(10);
+    limits.confidence = 0.97;
+    limits.episodes = 2;
+    let text = serde_json::to_string(&limits).unwrap();
+    let back: reqwest_throttle::LearnedLimits = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, limits);
+}
