@@ -1,6 +1,7 @@
 //! [`ThrottleBuilder`]: settings, their defaults, and validation.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use governor::Quota;
@@ -9,6 +10,7 @@ use http::HeaderName;
 use crate::clock::FAR_FUTURE;
 use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
+use crate::observe::{ObserveConfig, DEFAULT_CAPACITY_WARNING, DEFAULT_EVENT_BUFFER};
 use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
 use crate::store::{Limits, MemoryStore, WindowQuota, MAX_TOKEN_BUCKETS};
 use crate::throttle::{Settings, Throttle};
@@ -50,6 +52,9 @@ pub const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(30);
 /// | [`max_scopes`](Self::max_scopes) | 10,000 | scopes |
 /// | [`scope_idle_ttl`](Self::scope_idle_ttl) | 10 min | seconds |
 /// | [`priority_aging`](Self::priority_aging) | 30 s | seconds |
+/// | [`name_scope`](Self::name_scope) | no scope named | |
+/// | [`capacity_warning`](Self::capacity_warning) | 80 | percent of a limit |
+/// | [`event_buffer`](Self::event_buffer) | 256 | events |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
@@ -69,6 +74,40 @@ pub struct ThrottleBuilder {
     max_scopes: usize,
     scope_idle_ttl: Duration,
     priority_aging: Duration,
+    names: Vec<ScopeName>,
+    capacity_warning: u8,
+    event_buffer: usize,
+}
+
+/// A name for the scope of an example request. Its `Debug` shows the name only (the example
+/// may carry a secret header).
+struct ScopeName {
+    name: Arc<str>,
+    /// The example, without a body.
+    example: reqwest::Request,
+}
+
+impl ScopeName {
+    fn new(name: Arc<str>, example: &reqwest::Request) -> Self {
+        let mut copy = reqwest::Request::new(example.method().clone(), example.url().clone());
+        copy.headers_mut().clone_from(example.headers());
+        Self {
+            name,
+            example: copy,
+        }
+    }
+}
+
+impl Clone for ScopeName {
+    fn clone(&self) -> Self {
+        Self::new(self.name.clone(), &self.example)
+    }
+}
+
+impl std::fmt::Debug for ScopeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ScopeName").field(&self.name).finish()
+    }
 }
 
 impl Default for ThrottleBuilder {
@@ -90,6 +129,9 @@ impl Default for ThrottleBuilder {
             max_scopes: DEFAULT_MAX_SCOPES,
             scope_idle_ttl: DEFAULT_SCOPE_IDLE_TTL,
             priority_aging: DEFAULT_PRIORITY_AGING,
+            names: Vec::new(),
+            capacity_warning: DEFAULT_CAPACITY_WARNING,
+            event_buffer: DEFAULT_EVENT_BUFFER,
         }
     }
 }
@@ -292,6 +334,52 @@ impl ThrottleBuilder {
         self
     }
 
+    /// Names the scope that `example` is sent in (under the [`scope`](Self::scope) in force at
+    /// `build`), for metrics and events: its metrics carry the label `scope="name"` and its
+    /// [`Event`](crate::observe::Event)s the name. `example` is only read (its URL and
+    /// headers, e.g. the API key of a [`Scope::per_header`] scope), never sent nor shown.
+    ///
+    /// Unnamed scopes share one series of each metric, without a `scope` label, so that the
+    /// number of series stays bounded whatever the number of scopes. Two scopes given one
+    /// name share its series. A later name for the same scope replaces an earlier one.
+    ///
+    /// ```
+    /// use reqwest_throttle::Throttle;
+    ///
+    /// let api = reqwest::Request::new(
+    ///     reqwest::Method::GET,
+    ///     "https://api.example.com/".parse().unwrap(),
+    /// );
+    /// let throttle = Throttle::builder().name_scope("example_api", &api).build()?;
+    /// # drop(throttle);
+    /// # Ok::<(), reqwest_throttle::BuildError>(())
+    /// ```
+    pub fn name_scope(mut self, name: impl Into<Arc<str>>, example: &reqwest::Request) -> Self {
+        self.names.push(ScopeName::new(name.into(), example));
+        self
+    }
+
+    /// The capacity-warning threshold, in percent of a limit (default 80): when the requests
+    /// in flight of a scope, or the units counted by one of its quotas, reach `percent` of
+    /// the limit, an [`Event::CapacityWarning`](crate::observe::Event::CapacityWarning) is
+    /// sent, once per crossing.
+    ///
+    /// `build` fails with [`BuildError::CapacityWarningOutOfRange`] for 0 or above 100.
+    pub fn capacity_warning(mut self, percent: u8) -> Self {
+        self.capacity_warning = percent;
+        self
+    }
+
+    /// How many [events](crate::Throttle::events) are kept for a receiver that lags
+    /// (default 256); past that it loses the oldest and is told how many it missed. The
+    /// buffer is allocated when the throttle is built.
+    ///
+    /// `build` fails with [`BuildError::ZeroEventBuffer`] for 0.
+    pub fn event_buffer(mut self, n: usize) -> Self {
+        self.event_buffer = n;
+        self
+    }
+
     /// Every invalid setting, in the order documented on [`BuildError`].
     fn problems(&self) -> Vec<BuildError> {
         let mut problems = Vec::new();
@@ -349,6 +437,14 @@ impl ThrottleBuilder {
         if self.max_scopes == 0 {
             problems.push(BuildError::ZeroMaxScopes);
         }
+        if !(1..=100).contains(&self.capacity_warning) {
+            problems.push(BuildError::CapacityWarningOutOfRange {
+                percent: self.capacity_warning,
+            });
+        }
+        if self.event_buffer == 0 {
+            problems.push(BuildError::ZeroEventBuffer);
+        }
         problems
     }
 
@@ -386,6 +482,15 @@ impl ThrottleBuilder {
                 max_scopes: self.max_scopes,
                 idle_ttl: self.scope_idle_ttl,
             },
+            observe: ObserveConfig {
+                warn_percent: self.capacity_warning,
+                buffer: self.event_buffer,
+            },
+            names: self
+                .names
+                .into_iter()
+                .map(|n| (n.name, n.example))
+                .collect(),
         };
         Ok(Throttle::new(
             engine,

@@ -53,6 +53,7 @@ mod error;
 mod extensions;
 pub mod headers;
 mod middleware;
+pub mod observe;
 pub mod policy;
 pub mod store;
 mod sync;
@@ -73,6 +74,7 @@ pub use extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
 /// `governor` need not be a direct dependency.
 pub use governor::Quota;
 pub use headers::{Allowance, Hints, LimitKind};
+pub use observe::Event;
 pub use policy::StopReason;
 pub use throttle::{Permit, ScopeStats, Stats, Throttle};
 

@@ -21,6 +21,8 @@ fn engine(limits: Limits) -> Engine<MemoryStore> {
             max_scopes: 10,
             idle_ttl: 600 * S,
         },
+        observe: crate::observe::ObserveConfig::default(),
+        names: Vec::new(),
     })
 }
 

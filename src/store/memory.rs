@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::quotas::Quotas;
-use super::{Admission, LeaseId, Limits, QuotaName, ScopeId, Store, StoreError};
+use super::{Admission, LeaseId, Limits, QuotaName, QuotaUsage, ScopeId, Store, StoreError};
 use crate::sync::lock;
 
 /// The default [`Store`]: each scope's state in this process's memory, on the tokio clock.
@@ -102,6 +102,10 @@ impl Store for MemoryStore {
         state.smallest = limits.smallest_quota();
         state.quotas.resize(limits);
         Ok(())
+    }
+
+    fn usage(&self, scope: &MemoryScope) -> Option<QuotaUsage> {
+        lock(&scope.state).quotas.most_used(Instant::now())
     }
 
     fn is_idle(&self, scope: &MemoryScope) -> bool {

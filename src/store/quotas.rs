@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::sliding_window::SlidingWindow;
 use super::token_bucket::TokenBucket;
-use super::Limits;
+use super::{Limits, QuotaName, QuotaUsage};
 
 /// The most token buckets one scope may have.
 pub(crate) const MAX_TOKEN_BUCKETS: usize = 64;
@@ -63,6 +63,35 @@ impl Quotas {
     pub(crate) fn is_fresh(&mut self, now: Instant) -> bool {
         self.windows.iter_mut().all(|w| w.used(now) == 0)
             && self.buckets.iter().all(|b| b.is_full(now))
+    }
+
+    /// The quota with the highest share of its capacity taken at `now` (the first among
+    /// equals, sliding windows before token buckets), or `None` with no quota.
+    pub(crate) fn most_used(&mut self, now: Instant) -> Option<QuotaUsage> {
+        let windows = self.windows.iter_mut().map(|w| QuotaUsage {
+            used: w.used(now),
+            quota: w.name(),
+        });
+        let buckets = self.buckets.iter().map(|b| {
+            let quota = b.quota();
+            QuotaUsage {
+                used: b.used(),
+                quota: QuotaName::TokenBucket {
+                    burst: quota.burst_size().get(),
+                    replenish: quota.replenish_interval(),
+                },
+            }
+        });
+        windows.chain(buckets).reduce(|best, next| {
+            // next.used / next capacity > best.used / best capacity, in integers.
+            let next_share = u64::from(next.used) * u64::from(best.quota.capacity());
+            let best_share = u64::from(best.used) * u64::from(next.quota.capacity());
+            if next_share > best_share {
+                next
+            } else {
+                best
+            }
+        })
     }
 
     /// Admits `cost` units at `now` if every quota has room (`Ok`, charged), else returns the

@@ -149,6 +149,20 @@ impl TokenBucket {
             .is_none_or(|t| now.saturating_duration_since(t) >= refill)
     }
 
+    /// Cells taken now: what the bucket lacks of its burst (0 for a full bucket).
+    pub(crate) fn used(&self) -> u32 {
+        let tat = self.state.get();
+        if tat == UNSET {
+            return 0;
+        }
+        let ahead = tat.saturating_sub(u64::from(self.clock.now()));
+        let interval = u64::try_from(self.quota.replenish_interval().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let burst = self.quota.burst_size().get();
+        u32::try_from(ahead.div_ceil(interval)).map_or(burst, |cells| cells.min(burst))
+    }
+
     /// Takes `cost` cells if they are there now (`Ok`), else says when they will be (`Err`).
     /// `cost` must be at most the quota's burst size.
     pub(crate) fn try_take(&mut self, cost: NonZeroU32, now: Instant) -> Result<(), Instant> {
