@@ -286,6 +286,11 @@ impl ScopeObserver {
         };
         let now = Instant::now();
         let until = instant_after(now, wait);
+        let due = *lock(&self.0.cooldown);
+        if let Some((_, due)) = due.filter(|&(_, due)| due <= now) {
+            // Due to reopen now, and its task not run yet: it reopens first.
+            self.0.reopen(due);
+        }
         {
             let mut cooldown = lock(&self.0.cooldown);
             match &mut *cooldown {
