@@ -40,6 +40,11 @@
 //!
 //! Every response returned carries a [`ThrottleInfo`] extension. When retries run out, the last
 //! response is returned as `Ok`: nothing is lost.
+//!
+//! # Observe it
+//! [`Throttle::events`] gives typed [`Event`]s (cooldowns, refusals, capacity warnings), the
+//! `metrics` feature records counters, gauges and histograms through the `metrics` facade, and
+//! every call is a `tracing` span: see [`observe`] for every name, unit and level.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub)]
