@@ -440,3 +440,22 @@ async fn a_per_key_scope_is_named_by_an_example_with_its_key_and_the_key_never_s
     let shown = format!("{:?}", throttle.scope_stats());
     assert!(!shown.contains("secret"), "{shown}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_a_global_scope_any_example_names_the_one_scope_acquire_uses_too() {
+    let example = reqwest::Request::new(reqwest::Method::GET, URL.parse().unwrap());
+    let throttle = Throttle::builder()
+        .scope(reqwest_throttle::Scope::global())
+        .max_in_flight(1)
+        .name_scope("everything", &example)
+        .build()
+        .unwrap();
+    let mut events = throttle.events();
+    let _held = throttle.acquire(1).await.unwrap();
+    let got = drain(&mut events);
+    assert_eq!(
+        got.iter().map(scope_of).collect::<Vec<_>>(),
+        [("(unkeyed)".to_owned(), Some("everything".to_owned()))]
+    );
+    assert_eq!(warnings(got), [(WarnedLimit::InFlight, 1, 1)]);
+}

@@ -50,7 +50,12 @@ pub enum Event {
     /// A limit of the scope passed the capacity-warning threshold
     /// ([`capacity_warning`](crate::ThrottleBuilder::capacity_warning), 80 % by default):
     /// `used` of `capacity` is taken now. Sent once per crossing: not again until the usage
-    /// has fallen back under the threshold (which re-arms it) and passes it again.
+    /// has fallen back under the threshold (which re-arms it) and passes it again. The
+    /// in-flight count is checked at each admission and release, the quotas at each
+    /// admission (a quota emptied by time re-arms at the next admission). The in-flight cap
+    /// and the quotas (the most-used one named) are warned about separately; quotas only with
+    /// a store that can tell their usage at once ([`Store::usage`](crate::store::Store::usage):
+    /// the in-memory store can).
     #[non_exhaustive]
     CapacityWarning {
         /// The scope.

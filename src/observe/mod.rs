@@ -15,8 +15,8 @@
 //! | `reqwest_throttle_responses_429_total` | counter | answers | | answers with status 429 |
 //! | `reqwest_throttle_retries_total` | counter | attempts | | retries sent (attempts after a request's first) |
 //! | `reqwest_throttle_stops_total` | counter | requests | `reason`: see below | calls whose last answer was kept rather than retried, or that the deadline ended, by [`StopReason`](crate::policy::StopReason) |
-//! | `reqwest_throttle_in_flight` | gauge | requests | | requests sent and not finished (body read or dropped) |
-//! | `reqwest_throttle_queued` | gauge | callers | | callers waiting for admission |
+//! | `reqwest_throttle_in_flight` | gauge | requests | | requests sent and not finished (body read or dropped), and [`Permit`](crate::Permit)s held |
+//! | `reqwest_throttle_queued` | gauge | callers | | callers waiting for admission ([`acquire`](crate::Throttle::acquire) included) |
 //! | `reqwest_throttle_cooldown_closed` | gauge | scopes | | scopes whose shared cooldown is closed (0 or 1 for a named scope) |
 //! | `reqwest_throttle_queue_seconds` | histogram | seconds | | per attempt, from asking for admission to being admitted (0 when at once) |
 //! | `reqwest_throttle_answer_seconds` | histogram | seconds | | per attempt, from sending to the answer's head (an error body the throttle reads included) or the transport error |
