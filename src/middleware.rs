@@ -107,32 +107,33 @@ impl Inner {
 impl<'a> Call<'a> {
     /// Admission, send, judge and decide, until an answer is returned or the call fails.
     async fn attempts(
-        mut self,
+        self,
         mut req: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
+        let mut call = self;
         loop {
-            let spare = self.spare(&req);
-            let lease = match self.admit().await {
+            let spare = call.spare(&req);
+            let lease = match call.admit().await {
                 Ok(lease) => lease,
                 Err(end) => return end,
             };
             let sent = Stopwatch::start();
-            let result = match send(next.clone(), req, extensions, self.deadline).await {
+            let result = match send(next.clone(), req, extensions, call.deadline).await {
                 Ok(result) => result,
-                Err(DeadlinePassed) => return self.deadline_reached(1, None, None),
+                Err(DeadlinePassed) => return call.deadline_reached(1, None, None),
             };
-            self.scope.observe.answered(status_of(&result), sent);
-            self.facts.cloneable = spare.is_some();
+            call.scope.observe.answered(status_of(&result), sent);
+            call.facts.cloneable = spare.is_some();
             let sent_to = spare.as_ref().map(Request::url);
-            let (decision, attempt) = self.judge(result, sent_to).await;
+            let (decision, attempt) = call.judge(result, sent_to).await;
             match (decision, spare) {
                 (Decision::Retry { after, .. }, Some(spare)) => {
-                    self.wait(lease, attempt, after).await;
+                    call.wait(lease, attempt, after).await;
                     req = spare;
                 }
-                (decision, _) => return self.finish(decision, attempt, lease),
+                (decision, _) => return call.finish(decision, attempt, lease),
             }
         }
     }
