@@ -217,6 +217,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn used_counts_the_cells_missing_and_refills_with_time() {
+        let quota = Quota::per_minute(NonZeroU32::new(10).unwrap());
+        let guard = Duration::from_secs(6);
+        let mut bucket = TokenBucket::new(quota, guard);
+        assert_eq!(bucket.used(), 0);
+        assert_eq!(
+            bucket.try_take(NonZeroU32::new(8).unwrap(), Instant::now()),
+            Ok(())
+        );
+        // The guard is held back from admissions, not counted as used.
+        assert_eq!(bucket.used(), 8);
+        // One cell every 6 s: 12 s give two back; a part of a cell is still used.
+        tokio::time::advance(Duration::from_secs(12)).await;
+        assert_eq!(bucket.used(), 6);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(bucket.used(), 6);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(bucket.used(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn cost_takes_several_cells() {
         let quota = Quota::per_second(NonZeroU32::new(10).unwrap());
         let mut bucket = TokenBucket::new(quota, Duration::ZERO);
