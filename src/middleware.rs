@@ -99,8 +99,13 @@ impl Inner {
         next: Next<'_>,
     ) -> Result<Response> {
         let call = Call::start(self, &mut req, extensions);
-        let span = call.span();
-        call.attempts(req, extensions, next).instrument(span).await
+        // Without a subscriber that wants DEBUG, no span and no wrapper around the call.
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            let span = call.span();
+            call.attempts(req, extensions, next).instrument(span).await
+        } else {
+            call.attempts(req, extensions, next).await
+        }
     }
 }
 
