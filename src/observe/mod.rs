@@ -31,7 +31,8 @@
 //! label. No label ever holds a URL, a header value or any other value from a request.
 //!
 //! # Tracing
-//! One span per call, `throttle_request` at `DEBUG`, with fields `scope` (the scope's label,
+//! One span per call, `throttle_request` at `DEBUG` (made only when a subscriber may want
+//! `DEBUG`), with fields `scope` (the scope's label,
 //! never a header value), `name` (the scope's name, if named), `priority` and `cost`. Inside
 //! it:
 //!
@@ -43,7 +44,7 @@
 //! | `retrying` | `DEBUG` | `attempt` (the one about to be made), `wait` |
 //! | `not retried` | `DEBUG` | `attempts`, `reason` |
 //! | `cooldown not shared` | `WARN` | `error` (the store could not be reached) |
-//! | `every scope is busy` | `WARN` | `max_scopes` (new keys share the overflow scope) |
+//! | `every scope is busy` | `WARN` | `max_scopes` (new keys share the overflow scope; logged as the scope is looked up, before the call's span) |
 //!
 //! # Events
 //! [`Throttle::events`](crate::Throttle::events) gives a receiver of [`Event`]s: a cooldown
