@@ -3,8 +3,13 @@
 //! on one throttle.
 //!
 //! ```text
-//! cargo bench --bench overhead            # criterion, ~3 minutes, then the summaries below
+//! cargo bench --bench overhead                     # criterion, ~3 minutes, then the summaries below
+//! cargo bench --bench overhead --features metrics  # the same, every metric recorded
 //! ```
+//!
+//! With the `metrics` feature a minimal in-memory recorder is installed first (atomic
+//! counters and gauges, histograms as an atomic count and sum, as an exporter's would be), so
+//! the figures include recording every metric of every request.
 //!
 //! Besides criterion's timings it prints:
 //! * allocations per `acquire` + drop on a warmed-up throttle (a counting global allocator;
@@ -425,7 +430,63 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// With the `metrics` feature: a recorder that keeps every metric in atomics.
+
+#[cfg(feature = "metrics")]
+mod recorder {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use metrics::{
+        Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString,
+        Unit,
+    };
+
+    /// A histogram as an atomic count and sum of nanoseconds.
+    #[derive(Default)]
+    struct Summary {
+        count: AtomicU64,
+        nanos: AtomicU64,
+    }
+
+    impl HistogramFn for Summary {
+        fn record(&self, value: f64) {
+            self.count.fetch_add(1, Ordering::Relaxed);
+            self.nanos
+                .fetch_add((value * 1e9) as u64, Ordering::Relaxed);
+        }
+    }
+
+    struct Atomics;
+
+    impl Recorder for Atomics {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(Arc::new(AtomicU64::new(0)))
+        }
+
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(AtomicU64::new(0)))
+        }
+
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(Arc::new(Summary::default()))
+        }
+    }
+
+    pub(crate) fn install() {
+        metrics::set_global_recorder(Atomics).expect("the first recorder");
+        println!("metrics: every metric recorded (in-memory atomic recorder)");
+    }
+}
+
 fn main() {
+    #[cfg(feature = "metrics")]
+    recorder::install();
     hot_path_allocations();
     let url = start_server();
     let mut c = Criterion::default()

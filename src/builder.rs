@@ -1,6 +1,7 @@
 //! [`ThrottleBuilder`]: settings, their defaults, and validation.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use governor::Quota;
@@ -11,6 +12,7 @@ use crate::clock::FAR_FUTURE;
 use crate::engine::{Bounds, EngineConfig, Scope};
 use crate::error::BuildError;
 use crate::learn::{CircuitBreaker, LearnConfig, RetryAfterPolicy, DEFAULT_PROBE_AFTER};
+use crate::observe::{ObserveConfig, DEFAULT_CAPACITY_WARNING, DEFAULT_EVENT_BUFFER};
 use crate::policy::{Backoff, Jitter, RetryBudget, RetryPolicy};
 use crate::store::{Backend, Limits, Unit, WindowQuota, MAX_TOKEN_BUCKETS};
 use crate::throttle::{Settings, Throttle};
@@ -58,6 +60,9 @@ pub const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(30);
 /// | [`circuit_breaker`](Self::circuit_breaker) | open after 5 failures, for 60 s | |
 /// | [`retry_after_policy`](Self::retry_after_policy) | [`RetryAfterPolicy::Strict`] | |
 /// | [`probe_after`](Self::probe_after) | 30 s | seconds |
+/// | [`name_scope`](Self::name_scope) | no scope named | |
+/// | [`capacity_warning`](Self::capacity_warning) | 80 | percent of a limit |
+/// | [`event_buffer`](Self::event_buffer) | 256 | events |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
@@ -86,6 +91,40 @@ pub struct ThrottleBuilder {
     breaker: Option<CircuitBreaker>,
     retry_after_policy: RetryAfterPolicy,
     probe_after: Duration,
+    names: Vec<ScopeName>,
+    capacity_warning: u8,
+    event_buffer: usize,
+}
+
+/// A name for the scope of an example request. Its `Debug` shows the name only (the example
+/// may carry a secret header).
+struct ScopeName {
+    name: Arc<str>,
+    /// The example, without a body.
+    example: reqwest::Request,
+}
+
+impl ScopeName {
+    fn new(name: Arc<str>, example: &reqwest::Request) -> Self {
+        let mut copy = reqwest::Request::new(example.method().clone(), example.url().clone());
+        copy.headers_mut().clone_from(example.headers());
+        Self {
+            name,
+            example: copy,
+        }
+    }
+}
+
+impl Clone for ScopeName {
+    fn clone(&self) -> Self {
+        Self::new(self.name.clone(), &self.example)
+    }
+}
+
+impl std::fmt::Debug for ScopeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ScopeName").field(&self.name).finish()
+    }
 }
 
 impl Default for ThrottleBuilder {
@@ -115,6 +154,9 @@ impl Default for ThrottleBuilder {
             breaker: Some(CircuitBreaker::default()),
             retry_after_policy: RetryAfterPolicy::Strict,
             probe_after: DEFAULT_PROBE_AFTER,
+            names: Vec::new(),
+            capacity_warning: DEFAULT_CAPACITY_WARNING,
+            event_buffer: DEFAULT_EVENT_BUFFER,
         }
     }
 }
@@ -459,6 +501,52 @@ impl ThrottleBuilder {
         self
     }
 
+    /// Names the scope that `example` is sent in (under the [`scope`](Self::scope) in force at
+    /// `build`), for metrics and events: its metrics carry the label `scope="name"` and its
+    /// [`Event`](crate::observe::Event)s the name. `example` is only read (its URL and
+    /// headers, e.g. the API key of a [`Scope::per_header`] scope), never sent nor shown.
+    ///
+    /// Unnamed scopes share one series of each metric, without a `scope` label, so that the
+    /// number of series stays bounded whatever the number of scopes. Two scopes given one
+    /// name share its series. A later name for the same scope replaces an earlier one.
+    ///
+    /// ```
+    /// use reqwest_throttle::Throttle;
+    ///
+    /// let api = reqwest::Request::new(
+    ///     reqwest::Method::GET,
+    ///     "https://api.example.com/".parse().unwrap(),
+    /// );
+    /// let throttle = Throttle::builder().name_scope("example_api", &api).build()?;
+    /// # drop(throttle);
+    /// # Ok::<(), reqwest_throttle::BuildError>(())
+    /// ```
+    pub fn name_scope(mut self, name: impl Into<Arc<str>>, example: &reqwest::Request) -> Self {
+        self.names.push(ScopeName::new(name.into(), example));
+        self
+    }
+
+    /// The capacity-warning threshold, in percent of a limit (default 80): when the requests
+    /// in flight of a scope, or the units counted by one of its quotas, reach `percent` of
+    /// the limit, an [`Event::CapacityWarning`](crate::observe::Event::CapacityWarning) is
+    /// sent, once per crossing.
+    ///
+    /// `build` fails with [`BuildError::CapacityWarningOutOfRange`] for 0 or above 100.
+    pub fn capacity_warning(mut self, percent: u8) -> Self {
+        self.capacity_warning = percent;
+        self
+    }
+
+    /// How many [events](crate::Throttle::events) are kept for a receiver that lags
+    /// (default 256); past that it loses the oldest and is told how many it missed. The
+    /// buffer is allocated when the throttle is built.
+    ///
+    /// `build` fails with [`BuildError::ZeroEventBuffer`] for 0.
+    pub fn event_buffer(mut self, n: usize) -> Self {
+        self.event_buffer = n;
+        self
+    }
+
     /// Every invalid setting, in the order documented on [`BuildError`].
     fn problems(&self) -> Vec<BuildError> {
         let mut problems = Vec::new();
@@ -519,6 +607,14 @@ impl ThrottleBuilder {
         if self.breaker.is_some_and(|b| b.failures == 0) {
             problems.push(BuildError::ZeroBreakerFailures);
         }
+        if !(1..=100).contains(&self.capacity_warning) {
+            problems.push(BuildError::CapacityWarningOutOfRange {
+                percent: self.capacity_warning,
+            });
+        }
+        if self.event_buffer == 0 {
+            problems.push(BuildError::ZeroEventBuffer);
+        }
         problems
     }
 
@@ -572,6 +668,15 @@ impl ThrottleBuilder {
                 max_scopes: self.max_scopes,
                 idle_ttl: self.scope_idle_ttl,
             },
+            observe: ObserveConfig {
+                warn_percent: self.capacity_warning,
+                buffer: self.event_buffer,
+            },
+            names: self
+                .names
+                .into_iter()
+                .map(|n| (n.name, n.example))
+                .collect(),
         };
         Ok(Throttle::new(
             engine,

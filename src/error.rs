@@ -11,7 +11,8 @@ use std::time::Duration;
 /// added, in the order added). One problem is returned as its own variant, so that
 /// `assert_eq!(err, BuildError::ZeroInFlight)` or a `match` works as usual; two or more come
 /// together as [`BuildError::Several`], in the order the checks run (sliding windows, token
-/// buckets, in-flight cap, backoff, server wait, deadline, retry budget, scopes).
+/// buckets, in-flight cap, backoff, server wait, deadline, retry budget, scopes, capacity
+/// warning, event buffer).
 /// [`problems`](Self::problems) lists them in either case.
 ///
 /// ```
@@ -121,6 +122,16 @@ pub enum BuildError {
     /// A circuit breaker that opens after 0 failures would never close.
     #[error("the circuit breaker needs at least 1 failure to open")]
     ZeroBreakerFailures,
+    /// A [`capacity_warning`](crate::ThrottleBuilder::capacity_warning) threshold of 0 (a
+    /// warning with nothing used) or above 100 percent (never reached).
+    #[error("capacity_warning must be 1 to 100 percent, not {percent}")]
+    CapacityWarningOutOfRange {
+        /// The threshold given, in percent.
+        percent: u8,
+    },
+    /// `event_buffer(0)` would keep no event for any receiver.
+    #[error("event_buffer must be at least 1")]
+    ZeroEventBuffer,
     /// Two or more of the problems above, in the order found (never nested, never fewer than
     /// two).
     #[error("{} invalid settings: {}", .0.len(), join(.0))]

@@ -40,6 +40,11 @@
 //!
 //! Every response returned carries a [`ThrottleInfo`] extension. When retries run out, the last
 //! response is returned as `Ok`: nothing is lost.
+//!
+//! # Observe it
+//! [`Throttle::events`] gives typed [`Event`]s (cooldowns, refusals, capacity warnings), the
+//! `metrics` feature records counters, gauges and histograms through the `metrics` facade, and
+//! every call is a `tracing` span: see [`observe`] for every name, unit and level.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub)]
@@ -55,6 +60,7 @@ mod extensions;
 pub mod headers;
 mod learn;
 mod middleware;
+pub mod observe;
 pub mod policy;
 pub mod store;
 mod sync;
@@ -80,6 +86,7 @@ pub use learn::{
     CircuitBreaker, CircuitState, LearnedLimits, LearnedWindow, RetryAfterPolicy,
     DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR, DEFAULT_PROBE_AFTER,
 };
+pub use observe::Event;
 pub use policy::StopReason;
 pub use throttle::{Permit, ScopeStats, Stats, Throttle};
 

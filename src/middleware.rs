@@ -11,6 +11,7 @@ use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Error, Middleware, Next, Result};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::body::{
     has_error_body_to_read, hold_until_body_ends, read_error_body, settle_at_body_end,
@@ -21,9 +22,10 @@ use crate::engine::{count, Lease, Probe, Refused, Slot};
 use crate::error::{ThrottleError, TransportError};
 use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
 use crate::headers::{self, ErrorBody, Hints};
+use crate::observe::Stopwatch;
 use crate::policy::{
-    cooldown, has_idempotency_key, may_resend_after_failure, Decision, Outcome, RequestFacts,
-    StopReason,
+    cooldown, has_idempotency_key, is_refusal, may_resend_after_failure, Decision, Outcome,
+    RequestFacts, StopReason,
 };
 use crate::store::Settlement;
 use crate::sync::lock;
@@ -105,7 +107,26 @@ impl Inner {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
-        let mut call = Call::start(self, &mut req, extensions);
+        let call = Call::start(self, &mut req, extensions);
+        // Without a subscriber that wants DEBUG, no span and no wrapper around the call.
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            let span = call.span();
+            call.attempts(req, extensions, next).instrument(span).await
+        } else {
+            call.attempts(req, extensions, next).await
+        }
+    }
+}
+
+impl<'a> Call<'a> {
+    /// Admission, send, judge and decide, until an answer is returned or the call fails.
+    async fn attempts(
+        self,
+        mut req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        let mut call = self;
         loop {
             let spare = call.spare(&req);
             let lease = match call.admit().await {
@@ -113,10 +134,12 @@ impl Inner {
                 Err(end) => return end,
             };
             call.sent = call.scope.learn_sent();
+            let sent = Stopwatch::start();
             let result = match send(next.clone(), req, extensions, call.deadline).await {
                 Ok(result) => result,
                 Err(DeadlinePassed) => return call.deadline_reached(1, None, None),
             };
+            call.scope.observe.answered(status_of(&result), sent);
             call.facts.cloneable = spare.is_some();
             let sent_to = spare.as_ref().map(Request::url);
             let (decision, attempt) = call.judge(result, sent_to).await;
@@ -130,9 +153,18 @@ impl Inner {
             }
         }
     }
-}
 
-impl<'a> Call<'a> {
+    /// The call's span: see [`observe`](crate::observe) for its fields and events.
+    fn span(&self) -> tracing::Span {
+        tracing::debug_span!(
+            "throttle_request",
+            scope = %self.scope.label,
+            name = self.scope.observe.name(),
+            priority = ?self.priority,
+            cost = self.cost,
+        )
+    }
+
     /// Reads the request's settings, gives it its idempotency key, and counts it for the
     /// retry budget.
     fn start(throttle: &'a Inner, req: &mut Request, extensions: &Extensions) -> Self {
@@ -151,9 +183,11 @@ impl<'a> Call<'a> {
             may_resend_after_failure(req.method(), req.headers(), throttle.key_header.as_ref());
         let retry_allowed = extensions.get::<NoRetry>().is_none();
         let facts = RequestFacts::new(0, resend_safe, true, retry_allowed);
+        let scope = throttle.engine.scope_of(req);
+        scope.observe.request();
         Self {
             throttle,
-            scope: throttle.engine.scope_of(req),
+            scope,
             cost: extensions.get::<Cost>().copied().unwrap_or_default().0,
             priority: extensions.get::<Priority>().copied().unwrap_or_default(),
             deadline,
@@ -180,15 +214,24 @@ impl<'a> Call<'a> {
             Ok(probe) => self.probe = probe,
             Err(open) => return Err(Err(Error::middleware(open))),
         }
+        let before = self.waits.total();
         let admitted = self
             .scope
             .admit(self.cost, self.priority, self.deadline, &mut self.waits)
             .await;
         match admitted {
             Ok(lease) => {
-                if self.facts.retries > 0 {
+                let retry = self.facts.retries > 0;
+                if retry {
                     // Counted only once the retry is really going out.
                     count!(self.scope, retries, fetch_add);
+                }
+                let (attempt, waited) = (self.facts.retries + 1, self.waits.total() - before);
+                self.scope.observe.attempt(retry, waited);
+                if waited.is_zero() {
+                    tracing::trace!(attempt, ?waited, "admitted");
+                } else {
+                    tracing::debug!(attempt, ?waited, "admitted");
                 }
                 Ok(lease)
             }
@@ -215,6 +258,7 @@ impl<'a> Call<'a> {
             Ok(answer) => answer,
             Err(err) => {
                 self.learn(None, None).await;
+                tracing::debug!(attempt = self.facts.retries + 1, error = %err, "answer");
                 let transient = is_transient(&err);
                 let decision = self.decide(Outcome::Transport { transient });
                 return (decision, Err(err));
@@ -225,8 +269,14 @@ impl<'a> Call<'a> {
         let hints = headers::parse(response.headers(), read_at);
         let status = response.status();
         let cooldown_cap = self.learn(Some(status), Some(&hints)).await;
+        let attempt = self.facts.retries + 1;
+        tracing::debug!(attempt, status = status.as_u16(), "answer");
         if status == StatusCode::TOO_MANY_REQUESTS {
             count!(self.scope, responses_429, fetch_add);
+        }
+        if is_refusal(status, &hints) {
+            let observe = &self.scope.observe;
+            observe.refused(status.as_u16(), attempt, hints.retry_after);
         }
         let codes: Vec<&str> = error_body.iter().flat_map(ErrorBody::codes).collect();
         let outcome = Outcome::Response {
@@ -248,7 +298,7 @@ impl<'a> Call<'a> {
             })
             .filter(|d| !d.is_zero());
         if let Some(d) = self.cooldown {
-            tracing::debug!(scope = %self.scope.label, status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
+            tracing::debug!(status = status.as_u16(), cooldown = ?d, "shared cooldown closed");
             self.scope.close_cooldown(d).await;
         }
         (decision, Ok((response, hints)))
@@ -344,7 +394,7 @@ impl<'a> Call<'a> {
 
     /// Releases the in-flight slot and waits `after` before the next attempt.
     async fn wait(&mut self, lease: Lease, attempt: Attempt, after: Duration) {
-        tracing::debug!(scope = %self.scope.label, attempt = self.facts.retries + 1, wait = ?after, "retrying");
+        tracing::debug!(attempt = self.facts.retries + 2, wait = ?after, "retrying");
         let charge = lease.charge();
         // The slot is released before the wait (and the answer too, without a deadline).
         drop(lease);
@@ -367,7 +417,8 @@ impl<'a> Call<'a> {
     fn finish(mut self, decision: Decision, attempt: Attempt, lease: Lease) -> Result<Response> {
         let attempts = self.facts.retries + 1;
         if let Decision::Stop(reason) = &decision {
-            tracing::debug!(scope = %self.scope.label, attempts, ?reason, "not retried");
+            tracing::debug!(attempts, ?reason, "not retried");
+            self.scope.observe.stopped(reason);
         }
         let (response, hints) = match (attempt, decision.clone()) {
             (Ok(answer), _) => answer,
@@ -416,6 +467,8 @@ impl<'a> Call<'a> {
         failed: Option<Error>,
     ) -> Result<Response> {
         let attempts = self.facts.retries + in_progress;
+        tracing::debug!(attempts, reason = ?StopReason::Deadline, "not retried");
+        self.scope.observe.stopped(&StopReason::Deadline);
         if let Some(kept) = self.last.take() {
             let info = ThrottleInfo {
                 attempts,
@@ -443,6 +496,11 @@ impl<'a> Call<'a> {
             last_error,
         }))
     }
+}
+
+/// The status of an attempt's answer, `None` for a transport error.
+fn status_of(result: &Result<(Response, Option<ErrorBody>)>) -> Option<u16> {
+    result.as_ref().ok().map(|(r, _)| r.status().as_u16())
 }
 
 /// Whether `response` came from another URL than `sent_to` (reqwest followed a redirect). A

@@ -16,6 +16,7 @@ use crate::charge::{UsageFromBody, UsageFromHeaders};
 use crate::engine::{Counters, Engine, EngineConfig, Lease, Refused, Slot};
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
+use crate::observe::Event;
 use crate::policy::{BudgetLedger, RetryBudget, RetryPolicy};
 use crate::store::Backend;
 
@@ -289,6 +290,18 @@ impl Throttle {
     /// Nothing is applied when learning is off.
     pub fn load_learned(&self, limits: impl IntoIterator<Item = crate::learn::LearnedLimits>) {
         self.inner.engine.learn_config().load(limits);
+    }
+
+    /// A receiver of the throttle's [`Event`]s from now on: cooldowns closed and reopened,
+    /// attempts refused by the server, capacity warnings (see [`observe`](crate::observe)).
+    ///
+    /// Sending never waits for a receiver: one that falls more than
+    /// [`event_buffer`](crate::ThrottleBuilder::event_buffer) events behind loses the oldest,
+    /// and its next `recv` returns `Err(RecvError::Lagged(n))` with `n` the number missed.
+    /// Drop the receiver when done; each receiver gets every event. No event is built before
+    /// the first call.
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.inner.engine.observer().subscribe()
     }
 
     /// The retry policy this throttle applies.

@@ -23,6 +23,7 @@ use registry::Registry;
 use slot::SlotConfig;
 
 use crate::error::ThrottleError;
+use crate::observe::{ObserveConfig, Observer};
 use crate::store::{Limits, Store, StoreError};
 
 /// Why admission failed.
@@ -62,6 +63,9 @@ pub(crate) struct EngineConfig<S> {
     pub(crate) aging: Duration,
     pub(crate) bounds: Bounds,
     pub(crate) learn: Arc<crate::learn::LearnConfig>,
+    pub(crate) observe: ObserveConfig,
+    /// Names for scopes: each the scope of its example request.
+    pub(crate) names: Vec<(Arc<str>, reqwest::Request)>,
 }
 
 /// Admission for one throttle: its scopes and their counters.
@@ -69,11 +73,13 @@ pub(crate) struct EngineConfig<S> {
 pub(crate) struct Engine<S: Store> {
     registry: Registry<S>,
     total: Arc<Counters>,
+    observer: Arc<Observer>,
 }
 
 impl<S: Store> Engine<S> {
     pub(crate) fn new(config: EngineConfig<S>) -> Self {
         let total = Arc::new(Counters::default());
+        let observer = Arc::new(Observer::new(config.observe));
         let slots = SlotConfig {
             store: Arc::new(config.store),
             limits: config.limits,
@@ -81,11 +87,21 @@ impl<S: Store> Engine<S> {
             total: total.clone(),
             origin: tokio::time::Instant::now(),
             learn: config.learn.clone(),
+            observer: observer.clone(),
+            names: Default::default(),
         };
+        let mut registry = Registry::new(config.scope, slots, config.bounds);
+        registry.name_scopes(config.names);
         Self {
-            registry: Registry::new(config.scope, slots, config.bounds),
+            registry,
             total,
+            observer,
         }
+    }
+
+    /// The throttle's observation (events, metrics).
+    pub(crate) fn observer(&self) -> &Observer {
+        &self.observer
     }
 
     /// Counters summed over every scope.

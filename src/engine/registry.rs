@@ -94,6 +94,14 @@ impl<S: Store> Registry<S> {
         }
     }
 
+    /// Names the scope of each example request (before any scope is opened).
+    pub(crate) fn name_scopes(&mut self, names: Vec<(Arc<str>, Request)>) {
+        for (name, example) in names {
+            let id = self.resolver.id(&self.resolver.key(&example));
+            self.config.names.insert(id, name);
+        }
+    }
+
     /// The unkeyed scope.
     pub(crate) fn store(&self) -> &S {
         &self.config.store

@@ -1,5 +1,6 @@
 //! One live scope: its store state, its waiter queue, its counters, and admission into it.
 
+use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -13,6 +14,7 @@ use super::Refused;
 use crate::charge::{Charge, Settle};
 use crate::error::ThrottleError;
 use crate::extensions::{Priority, Waits};
+use crate::observe::{Observer, ScopeObserver};
 use crate::store::{Admission, LeaseId, Limits, ScopeId, Settlement, Store, StoreError};
 use crate::sync::lock;
 
@@ -39,7 +41,8 @@ pub(crate) use count;
 /// One live scope.
 #[derive(Debug)]
 pub(crate) struct Slot<S: Store> {
-    pub(crate) label: Box<str>,
+    pub(crate) label: Arc<str>,
+    pub(crate) observe: ScopeObserver,
     state: S::Scope,
     store: Arc<S>,
     queue: Mutex<WaitQueue>,
@@ -66,6 +69,9 @@ pub(crate) struct SlotConfig<S> {
     pub(crate) total: Arc<Counters>,
     pub(crate) origin: Instant,
     pub(crate) learn: Arc<crate::learn::LearnConfig>,
+    pub(crate) observer: Arc<Observer>,
+    /// The names the user gave scopes, by id.
+    pub(crate) names: HashMap<ScopeId, Arc<str>>,
 }
 
 impl<S: Store> SlotConfig<S> {
@@ -73,8 +79,11 @@ impl<S: Store> SlotConfig<S> {
         // A warm start's limits apply from the first request.
         let learner = self.learn.scope(&label, &self.limits);
         let limits = learner.limits();
+        let label: Arc<str> = label.into();
+        let name = self.names.get(&id).cloned();
         let slot = Slot {
-            label: label.into_boxed_str(),
+            observe: self.observer.scope(label.clone(), name),
+            label,
             state: self.store.open(id, &limits),
             store: self.store.clone(),
             queue: Mutex::new(WaitQueue::new(self.aging)),
@@ -144,6 +153,7 @@ impl<S: Store> Release for Slot<S> {
     fn release(&self, lease: LeaseId) {
         self.store.release(&self.state, lease);
         count!(self, in_flight, fetch_sub);
+        self.observe.released(self.in_flight(), self.cap());
         lock(&self.queue).wake_head(Instant::now());
     }
 
@@ -162,6 +172,7 @@ impl<'a, S: Store> Ticket<'a, S> {
     fn new(slot: &'a Slot<S>, priority: Priority, cost: u32) -> Self {
         let place = lock(&slot.queue).push(priority, cost, Instant::now());
         count!(slot, queued, fetch_add);
+        slot.observe.queued(true);
         Self { slot, place }
     }
 
@@ -180,6 +191,7 @@ impl<S: Store> Drop for Ticket<'_, S> {
     fn drop(&mut self) {
         lock(&self.slot.queue).remove(self.place, Instant::now());
         count!(self.slot, queued, fetch_sub);
+        self.slot.observe.queued(false);
     }
 }
 
@@ -204,16 +216,26 @@ impl<S: Store> Slot<S> {
 
     /// In-flight slots free now, or `None` with no cap.
     pub(crate) fn available_permits(&self) -> Option<usize> {
-        let cap = self.max_in_flight.load(Ordering::Relaxed);
-        let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
-        (cap != usize::MAX).then(|| cap.saturating_sub(in_flight))
+        let cap = self.cap();
+        (cap != usize::MAX).then(|| cap.saturating_sub(self.in_flight()))
+    }
+
+    /// The in-flight cap now (`usize::MAX`: none).
+    fn cap(&self) -> usize {
+        self.max_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests of the scope in flight now.
+    fn in_flight(&self) -> usize {
+        self.counters.in_flight.load(Ordering::Relaxed)
     }
 
     /// Closes the scope's cooldown for `wait` from now. A store that cannot be reached leaves
     /// it open (the server's own refusals still pace the scope).
     pub(crate) async fn close_cooldown(&self, wait: Duration) {
-        if let Err(e) = self.store.close_cooldown(&self.state, wait).await {
-            tracing::warn!(scope = %self.label, error = %e, "cooldown not shared");
+        match self.store.close_cooldown(&self.state, wait).await {
+            Ok(()) => self.observe.cooldown_closed(wait),
+            Err(e) => tracing::warn!(scope = %self.label, error = %e, "cooldown not shared"),
         }
     }
 
@@ -364,6 +386,8 @@ impl<S: Store> Slot<S> {
             Admission::Admitted(id) => {
                 count!(self, in_flight, fetch_add);
                 count!(self, sent, fetch_add);
+                let usage = || self.store.usage(&self.state);
+                self.observe.admitted(self.in_flight(), self.cap(), usage);
                 let slot: Arc<dyn Release> = self.clone();
                 Ok(Lease { slot, id, cost })
             }

@@ -23,6 +23,8 @@ fn engine(limits: Limits) -> Engine<MemoryStore> {
             idle_ttl: 600 * S,
         },
         learn: Arc::new(crate::learn::LearnConfig::off()),
+        observe: crate::observe::ObserveConfig::default(),
+        names: Vec::new(),
     })
 }
 

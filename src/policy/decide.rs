@@ -430,6 +430,13 @@ fn is_rate_limit_403(hints: &Hints) -> bool {
     hints.retry_after.is_some() || used_up
 }
 
+/// Whether an answer refuses a request for the rate limit: a 429, or a 403 that carries
+/// rate-limit signals (waited out like a 429).
+pub(crate) fn is_refusal(status: StatusCode, hints: &Hints) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || (status == StatusCode::FORBIDDEN && is_rate_limit_403(hints))
+}
+
 /// How long every caller sharing the scope should hold off after this answer, if at all (the
 /// shared cooldown):
 /// - a window-type 429 (or a 429 with a reset time and no known type): until the reset;
@@ -441,9 +448,7 @@ fn is_rate_limit_403(hints: &Hints) -> bool {
 /// nothing: no caller is held that long in silence; each goes and receives the server's own
 /// answer (a refusal it returns at once, with the wait it asks for).
 pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
-    let refused = if status == StatusCode::TOO_MANY_REQUESTS
-        || (status == StatusCode::FORBIDDEN && is_rate_limit_403(hints))
-    {
+    let refused = if is_refusal(status, hints) {
         match hints.limit_kind {
             Some(LimitKind::Requests | LimitKind::Tokens) => window_wait(hints),
             Some(LimitKind::Concurrency) => None,

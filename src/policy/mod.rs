@@ -11,6 +11,6 @@ mod resend;
 pub use backoff::{Backoff, Jitter, MAX_ADDED_JITTER};
 pub(crate) use budget::BudgetLedger;
 pub use budget::RetryBudget;
-pub(crate) use decide::cooldown;
+pub(crate) use decide::{cooldown, is_refusal};
 pub use decide::{Decision, Outcome, RequestFacts, RetryPolicy, StopReason};
 pub use resend::{has_idempotency_key, is_idempotent, may_resend_after_failure};

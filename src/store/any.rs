@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::{
-    Admission, LeaseId, Limits, MemoryScope, MemoryStore, ScopeId, Settlement, Store, StoreError,
+    Admission, LeaseId, Limits, MemoryScope, MemoryStore, QuotaUsage, ScopeId, Settlement, Store,
+    StoreError,
 };
 
 /// The store of a throttle, for
@@ -113,6 +114,10 @@ impl Store for Backend {
 
     fn is_idle(&self, scope: &BackendScope) -> bool {
         each!(self, scope, |s, sc| s.is_idle(sc))
+    }
+
+    fn usage(&self, scope: &BackendScope) -> Option<QuotaUsage> {
+        each!(self, scope, |s, sc| s.usage(sc))
     }
 
     fn in_flight_poll(&self) -> Option<Duration> {

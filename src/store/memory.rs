@@ -7,7 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::quotas::Quotas;
-use super::{Admission, LeaseId, Limits, QuotaName, ScopeId, Settlement, Store, StoreError};
+use super::{
+    Admission, LeaseId, Limits, QuotaName, QuotaUsage, ScopeId, Settlement, Store, StoreError,
+};
 use crate::sync::lock;
 
 /// The default [`Store`]: each scope's state in this process's memory, on the tokio clock.
@@ -158,6 +160,10 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         lock(&scope.state).settle(lease, settlement, Instant::now());
         Ok(())
+    }
+
+    fn usage(&self, scope: &MemoryScope) -> Option<QuotaUsage> {
+        lock(&scope.state).quotas.most_used(Instant::now())
     }
 
     fn is_idle(&self, scope: &MemoryScope) -> bool {

@@ -199,6 +199,25 @@ impl std::fmt::Display for QuotaName {
     }
 }
 
+/// How much of one quota is taken now, from [`Store::usage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QuotaUsage {
+    /// The quota.
+    pub quota: QuotaName,
+    /// Units counted now: a sliding window's units still in the window, a token bucket's
+    /// cells missing from its burst. At most the quota's
+    /// [`capacity`](QuotaName::capacity) (a window whose limit was lowered may count more).
+    pub used: u32,
+}
+
+impl QuotaUsage {
+    /// `used` of `quota`'s capacity.
+    pub const fn new(quota: QuotaName, used: u32) -> Self {
+        Self { quota, used }
+    }
+}
+
 /// The limits of one scope: what the configuration says, or (later) what was learned.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -391,6 +410,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Whether the scope's state is what a fresh scope's would be (no lease held, cooldown open,
     /// every quota empty), so that forgetting it changes nothing.
     fn is_idle(&self, scope: &Self::Scope) -> bool;
+
+    /// The scope's quota with the highest share of its capacity taken now, or `None` with no
+    /// quota. Asked after an admission, for the capacity warnings, only while someone
+    /// receives the throttle's events: it must answer at once (no I/O). The default answers
+    /// `None` (a store that cannot tell without a round trip): only the in-flight cap is then
+    /// warned about.
+    fn usage(&self, scope: &Self::Scope) -> Option<QuotaUsage> {
+        let _ = scope;
+        None
+    }
 
     /// How often a waiter for an in-flight slot should try again when no release is seen
     /// locally (leases held by other processes); `None` when every release is seen locally.

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::sliding_window::SlidingWindow;
 use super::token_bucket::TokenBucket;
-use super::{Limits, Settlement, Unit};
+use super::{Limits, QuotaName, QuotaUsage, Settlement, Unit};
 
 /// The most token buckets one scope may have.
 pub(crate) const MAX_TOKEN_BUCKETS: usize = 64;
@@ -63,6 +63,35 @@ impl Quotas {
     pub(crate) fn is_fresh(&mut self, now: Instant) -> bool {
         self.windows.iter_mut().all(|w| w.used(now) == 0)
             && self.buckets.iter().all(|b| b.is_full(now))
+    }
+
+    /// The quota with the highest share of its capacity taken at `now` (the first among
+    /// equals, sliding windows before token buckets), or `None` with no quota.
+    pub(crate) fn most_used(&mut self, now: Instant) -> Option<QuotaUsage> {
+        let windows = self.windows.iter_mut().map(|w| QuotaUsage {
+            used: w.used(now),
+            quota: w.name(),
+        });
+        let buckets = self.buckets.iter().map(|b| {
+            let quota = b.quota();
+            QuotaUsage {
+                used: b.used(),
+                quota: QuotaName::TokenBucket {
+                    burst: quota.burst_size().get(),
+                    replenish: quota.replenish_interval(),
+                },
+            }
+        });
+        windows.chain(buckets).reduce(|best, next| {
+            // next.used / next capacity > best.used / best capacity, in integers.
+            let next_share = u64::from(next.used) * u64::from(best.quota.capacity());
+            let best_share = u64::from(best.used) * u64::from(next.quota.capacity());
+            if next_share > best_share {
+                next
+            } else {
+                best
+            }
+        })
     }
 
     /// Admits `cost` units at `now` if every quota has room (`Ok`, charged), else returns the
@@ -153,7 +182,7 @@ impl Quotas {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::WindowQuota;
+    use crate::store::{QuotaName, QuotaUsage, WindowQuota};
     use std::time::Duration;
 
     fn nz(n: u32) -> NonZeroU32 {
@@ -251,6 +280,38 @@ mod tests {
         assert_eq!(quotas.try_admit(1, t1), Ok(()));
         assert_eq!(quotas.try_admit(1, t1), Err(t1 + Duration::from_millis(50)));
         assert!(!quotas.is_fresh(t1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn most_used_is_the_highest_share_of_a_capacity() {
+        assert_eq!(Quotas::new(&Limits::new()).most_used(Instant::now()), None);
+        let limits = Limits::new()
+            .with_window(window(100, 60))
+            .with_window(window(10, 1))
+            .with_bucket(governor::Quota::per_minute(nz(4)));
+        let mut quotas = Quotas::new(&limits);
+        let now = Instant::now();
+        let name = |i: usize| -> QuotaName {
+            let w = &limits.windows[i];
+            QuotaName::SlidingWindow {
+                limit: w.limit.get(),
+                window: w.window,
+            }
+        };
+        // Nothing used: the first among equals.
+        assert_eq!(quotas.most_used(now), Some(QuotaUsage::new(name(0), 0)));
+        // 2 units: 2 % of the first window, 20 % of the second, 50 % of the bucket.
+        assert_eq!(quotas.try_admit(2, now), Ok(()));
+        let bucket = QuotaName::TokenBucket {
+            burst: 4,
+            replenish: Duration::from_secs(15),
+        };
+        assert_eq!(quotas.most_used(now), Some(QuotaUsage::new(bucket, 2)));
+        // 30 s later the bucket has both cells back; the 1 s window is empty; the minute
+        // window still counts 2.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let later = Instant::now();
+        assert_eq!(quotas.most_used(later), Some(QuotaUsage::new(name(0), 2)));
     }
 
     #[tokio::test(start_paused = true)]

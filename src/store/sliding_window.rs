@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Unit, WindowQuota};
+use super::{QuotaName, Unit, WindowQuota};
 
 /// At most `limit` units sent in any window of length `window`, counted exactly.
 ///
@@ -20,6 +20,8 @@ use super::{Unit, WindowQuota};
 #[derive(Debug)]
 pub(crate) struct SlidingWindow {
     limit: NonZeroU32,
+    /// The window's length as configured (the guard not included), to name the quota.
+    window: Duration,
     span: Duration,
     log: VecDeque<(Instant, u32)>,
     used: u32,
@@ -32,6 +34,7 @@ impl SlidingWindow {
     pub(crate) fn new(quota: &WindowQuota) -> Self {
         Self {
             limit: quota.limit,
+            window: quota.window,
             span: Self::span_of(quota),
             log: VecDeque::new(),
             used: 0,
@@ -65,6 +68,7 @@ impl SlidingWindow {
     /// nothing until enough sends have left the window.
     pub(crate) fn resize(&mut self, quota: &WindowQuota) {
         self.limit = quota.limit;
+        self.window = quota.window;
         self.span = Self::span_of(quota);
         self.unit = quota.unit;
     }
@@ -167,6 +171,14 @@ impl SlidingWindow {
         }
         self.used += units;
         units
+    }
+
+    /// The quota this window enforces, by name.
+    pub(crate) fn name(&self) -> QuotaName {
+        QuotaName::SlidingWindow {
+            limit: self.limit.get(),
+            window: self.window,
+        }
     }
 }
 

@@ -149,6 +149,20 @@ impl TokenBucket {
             .is_none_or(|t| now.saturating_duration_since(t) >= refill)
     }
 
+    /// Cells taken now: what the bucket lacks of its burst (0 for a full bucket).
+    pub(crate) fn used(&self) -> u32 {
+        let tat = self.state.get();
+        if tat == UNSET {
+            return 0;
+        }
+        let ahead = tat.saturating_sub(u64::from(self.clock.now()));
+        let interval = u64::try_from(self.quota.replenish_interval().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let burst = self.quota.burst_size().get();
+        u32::try_from(ahead.div_ceil(interval)).map_or(burst, |cells| cells.min(burst))
+    }
+
     /// Takes `cost` cells if they are there now (`Ok`), else says when they will be (`Err`).
     /// `cost` must be at most the quota's burst size.
     pub(crate) fn try_take(&mut self, cost: NonZeroU32, now: Instant) -> Result<(), Instant> {
@@ -217,6 +231,27 @@ mod tests {
         assert!(!bucket.is_full(Instant::now()));
         tokio::time::advance(Duration::from_millis(1000)).await;
         assert!(bucket.is_full(Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn used_counts_the_cells_missing_and_refills_with_time() {
+        let quota = Quota::per_minute(NonZeroU32::new(10).unwrap());
+        let guard = Duration::from_secs(6);
+        let mut bucket = TokenBucket::new(quota, guard);
+        assert_eq!(bucket.used(), 0);
+        assert_eq!(
+            bucket.try_take(NonZeroU32::new(8).unwrap(), Instant::now()),
+            Ok(())
+        );
+        // The guard is held back from admissions, not counted as used.
+        assert_eq!(bucket.used(), 8);
+        // One cell every 6 s: 12 s give two back; a part of a cell is still used.
+        tokio::time::advance(Duration::from_secs(12)).await;
+        assert_eq!(bucket.used(), 6);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(bucket.used(), 6);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(bucket.used(), 0);
     }
 
     #[tokio::test(start_paused = true)]
