@@ -5,8 +5,9 @@
 //! interactive ones (`Priority::High`, short answers), workers (`Normal`) and batch jobs
 //! (`Low`, long answers). Each request's `Cost` is its estimate, `max_tokens`; the gateway
 //! uses about 60 % of it, says so in the body's `usage`, and each agent settles the charge with
-//! that true figure. A line a second shows requests and tokens against their limits, with a
-//! warning when a limit passes 80 %; a summary gives the latency per priority and the tokens
+//! that true figure. A line a second shows requests and tokens against their limits, and the
+//! throttle's capacity warnings ([`Throttle::events`]) are printed as they come, once each time
+//! a limit passes 80 %; a summary gives the latency per priority and the tokens
 //! per window achieved against the limit.
 //!
 //! ```text
@@ -20,8 +21,10 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_throttle::observe::WarnedLimit;
 use reqwest_throttle::testing::{Gateway, GatewayConfig, HeaderStyle};
-use reqwest_throttle::{Charge, Cost, Priority, Stats, Throttle};
+use reqwest_throttle::{Charge, Cost, Event, Priority, Stats, Throttle};
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 /// The window: a minute, time scaled by 10.
@@ -31,8 +34,8 @@ const TOKENS_PER_WINDOW: u32 = 40_000;
 const PARALLEL: u32 = 8;
 /// The share of `max_tokens` an answer uses.
 const USAGE: f64 = 0.6;
-/// The share of a limit past which the live view warns.
-const WARN_AT: f64 = 0.8;
+/// The share of a limit, in percent, past which the throttle sends a capacity warning.
+const WARN_AT_PERCENT: u8 = 80;
 const REQUESTS_PER_AGENT: usize = 12;
 
 /// A kind of agent: its priority, how many run, and its range of `max_tokens`.
@@ -96,6 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .requests_window(REQUESTS_PER_WINDOW, WINDOW)
         .token_window(TOKENS_PER_WINDOW, WINDOW)
         .max_in_flight(PARALLEL as usize)
+        .capacity_warning(WARN_AT_PERCENT)
         .build()?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let client = ClientBuilder::new(http).with(throttle.clone()).build();
@@ -110,6 +114,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         KINDS.iter().map(|k| k.agents).sum::<usize>(),
         REQUESTS_PER_AGENT
     );
+    // Subscribed before the first request, so that no warning is missed.
+    let events = throttle.events();
     let mut agents = Vec::new();
     for (kind, k) in KINDS.iter().enumerate() {
         for n in 0..k.agents {
@@ -119,10 +125,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let view = tokio::spawn(live_view(throttle.clone(), log.clone(), t0));
+    let warnings = tokio::spawn(capacity_warnings(events, t0));
     for a in agents {
         a.await?;
     }
     view.abort();
+    warnings.abort();
     let elapsed = t0.elapsed();
     summary(&log.lock().unwrap(), t0, elapsed, &gateway);
     gateway.shutdown().await?;
@@ -192,36 +200,9 @@ async fn ask(
     Ok(used)
 }
 
-/// What is used of each limit now: requests and tokens answered in the last window, and
-/// requests in flight.
-#[derive(Debug, Clone, Copy)]
-struct Usage {
-    requests: u32,
-    tokens: u64,
-    in_flight: usize,
-}
-
-/// The limits past `WARN_AT` of their capacity, named for a warning (empty: none).
-fn capacity_warnings(u: Usage) -> Vec<String> {
-    let shares = [
-        (
-            "requests",
-            f64::from(u.requests) / f64::from(REQUESTS_PER_WINDOW),
-        ),
-        ("tokens", u.tokens as f64 / f64::from(TOKENS_PER_WINDOW)),
-        ("in flight", u.in_flight as f64 / f64::from(PARALLEL)),
-    ];
-    shares
-        .iter()
-        .filter(|(_, share)| *share >= WARN_AT)
-        .map(|(name, share)| format!("{name} at {:.0} %", share * 100.0))
-        .collect()
-}
-
 /// A line a second: requests and tokens of the last window against their limits, in flight,
-/// queued; a warning each time a limit crosses `WARN_AT` (once per crossing).
+/// queued.
 async fn live_view(throttle: Throttle, log: Arc<Mutex<Log>>, t0: Instant) {
-    let mut warned = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
@@ -234,28 +215,44 @@ async fn live_view(throttle: Throttle, log: Arc<Mutex<Log>>, t0: Instant) {
         let Stats {
             in_flight, queued, ..
         } = throttle.stats();
-        let usage = Usage {
-            requests,
-            tokens,
-            in_flight,
-        };
         println!(
             "{:>5.1} s  last window: {requests:>3}/{REQUESTS_PER_WINDOW} requests, \
              {tokens:>6}/{TOKENS_PER_WINDOW} tokens  in flight {in_flight}/{PARALLEL}  queued {queued:>2}",
             (now - t0).as_secs_f64()
         );
-        let warnings = capacity_warnings(usage);
-        for w in warnings.iter().filter(|w| !warned_for(&warned, w)) {
-            println!("        warning: {w} of its limit");
-        }
-        warned = warnings;
     }
 }
 
-/// Whether `warning` names a limit already warned about in `warned` (same limit, any share).
-fn warned_for(warned: &[String], warning: &str) -> bool {
-    let limit = |w: &str| w.split(" at ").next().map(str::to_owned);
-    warned.iter().any(|w| limit(w) == limit(warning))
+/// Prints the throttle's capacity warnings as they come: once each time a limit crosses
+/// `WARN_AT_PERCENT` of its capacity (the throttle re-arms it when usage falls back under).
+async fn capacity_warnings(mut events: broadcast::Receiver<Event>, t0: Instant) {
+    loop {
+        match events.recv().await {
+            Ok(Event::CapacityWarning {
+                limit,
+                used,
+                capacity,
+                ..
+            }) => {
+                let name = match limit {
+                    WarnedLimit::InFlight => "in flight",
+                    WarnedLimit::Quota(q) if q.capacity() == TOKENS_PER_WINDOW => "tokens",
+                    WarnedLimit::Quota(_) => "requests",
+                    _ => "a limit",
+                };
+                println!(
+                    "{:>5.1} s  warning: {name} at {:.0} % of its limit ({used}/{capacity})",
+                    t0.elapsed().as_secs_f64(),
+                    used as f64 / capacity as f64 * 100.0
+                );
+            }
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                println!("        ({missed} events missed)");
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
 }
 
 /// The value at quantile `q` (0 to 1) of sorted `v`.

@@ -42,7 +42,8 @@
 //! response is returned as `Ok`: nothing is lost.
 //!
 //! # Observe it
-//! [`Throttle::events`] gives typed [`Event`]s (cooldowns, refusals, capacity warnings), the
+//! [`Throttle::events`] gives typed [`Event`]s (cooldowns, refusals, capacity warnings,
+//! circuits opened and closed, limits learned), the
 //! `metrics` feature records counters, gauges and histograms through the `metrics` facade, and
 //! every call is a `tracing` span: see [`observe`] for every name, unit and level.
 #![deny(missing_docs)]

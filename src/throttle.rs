@@ -293,7 +293,8 @@ impl Throttle {
     }
 
     /// A receiver of the throttle's [`Event`]s from now on: cooldowns closed and reopened,
-    /// attempts refused by the server, capacity warnings (see [`observe`](crate::observe)).
+    /// attempts refused by the server, capacity warnings, circuits opened and closed, learned
+    /// limits changed (see [`observe`](crate::observe)).
     ///
     /// Sending never waits for a receiver: one that falls more than
     /// [`event_buffer`](crate::ThrottleBuilder::event_buffer) events behind loses the oldest,

@@ -399,3 +399,39 @@ fn learned_limits_round_trip_through_serde() {
     let back: reqwest_throttle::LearnedLimits = serde_json::from_str(&text).unwrap();
     assert_eq!(back, limits);
 }
+
+#[tokio::test(start_paused = true)]
+async fn limits_learned_events_tell_each_change_of_the_rate_and_end_at_what_was_learned() {
+    let server = nginx(50.0, 20, true);
+    // As `learner(10)`, with room for every event of the run.
+    let throttle = Throttle::builder()
+        .max_in_flight(10)
+        .jitter_seed(7)
+        .event_buffer(1 << 16)
+        .build()
+        .unwrap();
+    let mut events = throttle.events();
+    run(&server.client(&throttle), 400, 40).await;
+    let mut learned = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let reqwest_throttle::Event::LimitsLearned {
+            rate,
+            burst,
+            max_in_flight,
+            ..
+        } = event
+        {
+            learned.push((rate, burst, max_in_flight));
+        }
+    }
+    // Sent on a change only: never twice the same in a row, and far fewer than the 400
+    // answers (a pace raised while exploring is a change each time).
+    assert!(!learned.is_empty());
+    assert!(learned.windows(2).all(|w| w[0] != w[1]), "{learned:?}");
+    assert!(learned.len() < 100, "{} events: {learned:?}", learned.len());
+    let now = throttle.learned(LABEL).unwrap();
+    assert_eq!(
+        learned.last(),
+        Some(&(now.rate, now.burst, now.max_in_flight))
+    );
+}

@@ -4,12 +4,14 @@
 mod common;
 
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{json, refuses_once, status, FakeServer};
 use reqwest_throttle::observe::WarnedLimit;
 use reqwest_throttle::store::QuotaName;
-use reqwest_throttle::{BuildError, Event, NoRetry, Quota, Throttle};
+use reqwest_throttle::{BuildError, CircuitBreaker, Event, NoRetry, Quota, Throttle};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 const S: Duration = Duration::from_secs(1);
@@ -458,4 +460,96 @@ async fn under_a_global_scope_any_example_names_the_one_scope_acquire_uses_too()
         [("(unkeyed)".to_owned(), Some("everything".to_owned()))]
     );
     assert_eq!(warnings(got), [(WarnedLimit::InFlight, 1, 1)]);
+}
+
+/// The circuit and learning events received, as text (other events left out).
+fn learning_events(events: Vec<Event>) -> Vec<String> {
+    events
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::CircuitOpened { retry_in, .. } => Some(format!("opened {retry_in:?}")),
+            Event::CircuitClosed { open_for, .. } => Some(format!("closed {open_for:?}")),
+            Event::LimitsLearned {
+                rate,
+                burst,
+                max_in_flight,
+                ..
+            } => Some(format!("learned {rate:?} {burst:?} {max_in_flight:?}")),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_circuit_sends_opened_at_the_last_failure_again_on_a_failed_probe_and_closed() {
+    let throttle = Throttle::builder()
+        .max_retries(0)
+        .circuit_breaker(Some(CircuitBreaker::new(2, 10 * S)))
+        .build()
+        .unwrap();
+    let mut events = throttle.events();
+    let healthy = Arc::new(AtomicBool::new(false));
+    let client = common::fails_until(healthy.clone()).client(&throttle);
+    let get = || client.get(URL).send();
+    assert_eq!(get().await.unwrap().status(), 503);
+    assert_eq!(learning_events(drain(&mut events)), [] as [String; 0]);
+    assert_eq!(get().await.unwrap().status(), 503);
+    let got = drain(&mut events);
+    assert_eq!(scope_of(&got[0]), ("http://api.test:80".into(), None));
+    assert_eq!(learning_events(got), ["opened 10s"]);
+    // Failing fast while open sends nothing; the failed probe opens it again.
+    assert!(get().await.is_err());
+    tokio::time::advance(10 * S).await;
+    assert_eq!(get().await.unwrap().status(), 503);
+    assert_eq!(learning_events(drain(&mut events)), ["opened 10s"]);
+    // The next probe succeeds: closed, 20 s after it first opened.
+    tokio::time::advance(10 * S).await;
+    healthy.store(true, Ordering::Relaxed);
+    assert_eq!(get().await.unwrap().status(), 200);
+    assert_eq!(get().await.unwrap().status(), 200);
+    assert_eq!(learning_events(drain(&mut events)), ["closed 20s"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn limits_learned_is_sent_when_a_learned_value_changes_not_per_answer() {
+    // A parallel-limit refusal halves the learned cap (8 to 4); 10 successes raise it to 5.
+    let throttle = Throttle::builder().max_in_flight(8).build().unwrap();
+    let mut events = throttle.events();
+    let client = common::refuses_parallel_once().client(&throttle);
+    let get = || client.get(URL).with_extension(NoRetry).send();
+    assert_eq!(get().await.unwrap().status(), 429);
+    assert_eq!(
+        learning_events(drain(&mut events)),
+        ["learned None None Some(4)"]
+    );
+    for _ in 0..9 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    assert_eq!(learning_events(drain(&mut events)), [] as [String; 0]);
+    assert_eq!(get().await.unwrap().status(), 200);
+    assert_eq!(
+        learning_events(drain(&mut events)),
+        ["learned None None Some(5)"]
+    );
+    let learned = throttle.learned("http://api.test:80").unwrap();
+    assert_eq!(learned.max_in_flight, Some(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_learning_and_the_breaker_off_neither_sends_anything() {
+    let throttle = Throttle::builder()
+        .max_in_flight(8)
+        .max_retries(0)
+        .learn_limits(false)
+        .circuit_breaker(None)
+        .build()
+        .unwrap();
+    let mut events = throttle.events();
+    let client = common::refuses_parallel_once().client(&throttle);
+    assert_eq!(client.get(URL).send().await.unwrap().status(), 429);
+    let failing = FakeServer::new(|_, _| status(503)).client(&throttle);
+    for _ in 0..10 {
+        assert_eq!(failing.get(URL).send().await.unwrap().status(), 503);
+    }
+    assert_eq!(learning_events(drain(&mut events)), [] as [String; 0]);
 }

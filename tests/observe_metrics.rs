@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use common::{refuses_once, status, FakeServer};
+use common::{refuses_once, refuses_parallel_once, status, FakeServer};
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use reqwest_throttle::{NoRetry, Throttle};
+use reqwest_throttle::{CircuitBreaker, LearnedLimits, NoRetry, Throttle};
 
 const S: Duration = Duration::from_secs(1);
 const URL: &str = "http://api.test/v1";
@@ -275,8 +275,11 @@ fn every_metric_is_described_with_its_unit() {
                 ("reqwest_throttle_answer_seconds", seconds),
                 ("reqwest_throttle_answers_total", count),
                 ("reqwest_throttle_attempts_total", count),
+                ("reqwest_throttle_circuit_state", None),
                 ("reqwest_throttle_cooldown_closed", count),
                 ("reqwest_throttle_in_flight", count),
+                ("reqwest_throttle_learned_max_in_flight", count),
+                ("reqwest_throttle_learned_rate", Some(Unit::CountPerSecond)),
                 ("reqwest_throttle_queue_seconds", seconds),
                 ("reqwest_throttle_queued", count),
                 ("reqwest_throttle_requests_total", count),
@@ -285,5 +288,105 @@ fn every_metric_is_described_with_its_unit() {
                 ("reqwest_throttle_stops_total", count),
             ]
         );
+    });
+}
+
+#[test]
+fn the_learned_cap_gauge_starts_at_the_cap_and_follows_what_is_learned() {
+    with_recorder(|mut m| async move {
+        let throttle = named_api().max_in_flight(8).build().unwrap();
+        let refusing = refuses_parallel_once().client(&throttle);
+        let get = || refusing.get(URL).with_extension(NoRetry).send();
+        assert_eq!(get().await.unwrap().status(), 429);
+        assert_eq!(m.gauge("learned_max_in_flight", &[API]), 4.0, "8, halved");
+        for _ in 0..10 {
+            assert_eq!(get().await.unwrap().status(), 200);
+        }
+        assert_eq!(m.gauge("learned_max_in_flight", &[API]), 5.0);
+        assert_eq!(m.gauge("learned_rate", &[API]), 0.0, "no rate learned");
+        // Unnamed scopes are summed: two more scopes with the configured cap of 8.
+        let client = FakeServer::ok().client(&throttle);
+        for url in ["http://a.test/", "http://b.test/"] {
+            client.get(url).send().await.unwrap();
+        }
+        assert_eq!(m.gauge("learned_max_in_flight", &[]), 16.0);
+        // A dropped throttle's scopes leave the sums.
+        drop((refusing, client, throttle));
+        common::settle().await;
+        assert_eq!(m.gauge("learned_max_in_flight", &[]), 0.0);
+        assert_eq!(m.gauge("learned_max_in_flight", &[API]), 0.0);
+    });
+}
+
+#[test]
+fn the_learned_rate_gauge_holds_a_warm_start_from_the_first_request() {
+    with_recorder(|mut m| async move {
+        let throttle = named_api().build().unwrap();
+        let mut saved = LearnedLimits::default();
+        saved.scope = "http://api.test:80".into();
+        saved.rate = Some(12.5);
+        saved.burst = Some(3);
+        saved.confidence = 1.0;
+        throttle.load_learned([saved]);
+        let client = FakeServer::ok().client(&throttle);
+        client.get(URL).send().await.unwrap();
+        assert_eq!(m.gauge("learned_rate", &[API]), 12.5);
+        assert_eq!(m.gauge("learned_max_in_flight", &[API]), 0.0, "no cap");
+        // 30 s without a refusal: the pace is raised by 10 %, and the gauge follows.
+        tokio::time::sleep(31 * S).await;
+        client.get(URL).send().await.unwrap();
+        let rate = throttle
+            .learned("http://api.test:80")
+            .unwrap()
+            .rate
+            .unwrap();
+        assert!((rate - 13.75).abs() < 1e-9, "{rate}");
+        assert!((m.gauge("learned_rate", &[API]) - rate).abs() < 1e-9);
+    });
+}
+
+#[test]
+fn the_circuit_gauge_is_2_open_1_half_open_0_closed_and_the_worst_unnamed_scope() {
+    with_recorder(|mut m| async move {
+        let throttle = named_api()
+            .max_retries(0)
+            .circuit_breaker(Some(CircuitBreaker::new(1, 10 * S)))
+            .build()
+            .unwrap();
+        let healthy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let client = common::fails_until(healthy.clone()).client(&throttle);
+        assert_eq!(client.get(URL).send().await.unwrap().status(), 503);
+        assert_eq!(m.gauge("circuit_state", &[API]), 2.0);
+        tokio::time::sleep(10 * S).await;
+        common::settle().await;
+        assert_eq!(m.gauge("circuit_state", &[API]), 1.0, "the probe may go");
+        // Unnamed: one scope open and one half-open show 2; then the half-open one.
+        client.get("http://a.test/").send().await.unwrap();
+        tokio::time::sleep(5 * S).await;
+        client.get("http://b.test/").send().await.unwrap();
+        assert_eq!(m.gauge("circuit_state", &[]), 2.0);
+        tokio::time::sleep(5 * S).await;
+        common::settle().await;
+        assert_eq!(
+            m.gauge("circuit_state", &[]),
+            2.0,
+            "a.test half-open, b.test open"
+        );
+        healthy.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(client.get(URL).send().await.unwrap().status(), 200);
+        assert_eq!(m.gauge("circuit_state", &[API]), 0.0);
+        assert_eq!(
+            client.get("http://a.test/").send().await.unwrap().status(),
+            200
+        );
+        assert_eq!(m.gauge("circuit_state", &[]), 2.0, "b.test still open");
+        tokio::time::sleep(5 * S).await;
+        common::settle().await;
+        assert_eq!(m.gauge("circuit_state", &[]), 1.0, "b.test half-open");
+        assert_eq!(
+            client.get("http://b.test/").send().await.unwrap().status(),
+            200
+        );
+        assert_eq!(m.gauge("circuit_state", &[]), 0.0);
     });
 }

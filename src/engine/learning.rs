@@ -1,7 +1,6 @@
 //! The scope's side of learning: the circuit check before admission, the send log, and the
 //! learned limits applied after an answer. The estimators themselves are in
-//! [`learn`](crate::learn); this is where a later "limits learned" or "circuit opened" event
-//! would be emitted.
+//! [`learn`](crate::learn); what changed is told to the scope's observer (events, gauges).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use tokio::time::Instant;
 use super::Slot;
 use crate::error::ThrottleError;
 use crate::learn::breaker::Pass;
-use crate::learn::{Answer, CircuitState, LearnedLimits};
+use crate::learn::{Answer, CircuitChange, CircuitState, LearnedLimits};
 use crate::store::Store;
 use crate::sync::lock;
 
@@ -88,14 +87,23 @@ impl<S: Store> Slot<S> {
             probe: probe.is_some(),
             ..answer
         };
-        let learned = lock(&self.learner).answered(answer);
+        let learned = {
+            let mut learner = lock(&self.learner);
+            let learned = learner.answered(answer);
+            // Told under the learner's lock: the observer sees the changes in their order.
+            self.observe.circuit(learned.circuit);
+            if let Some((_, in_force)) = learned.limits {
+                self.observe.limits_learned(in_force);
+            }
+            learned
+        };
         if let Some(p) = probe {
             p.done();
         }
-        if learned.opened {
+        if let Some(CircuitChange::Opened { .. }) = learned.circuit {
             tracing::warn!(scope = %self.label, "circuit opened");
         }
-        if let Some(limits) = &learned.limits {
+        if let Some((limits, _)) = &learned.limits {
             tracing::debug!(scope = %self.label, ?limits, "learned limits");
             if let Err(e) = self.set_limits(limits).await {
                 tracing::warn!(scope = %self.label, error = ?e, "learned limits not applied");

@@ -79,6 +79,7 @@ impl<S: Store> SlotConfig<S> {
         // A warm start's limits apply from the first request.
         let learner = self.learn.scope(&label, &self.limits);
         let limits = learner.limits();
+        let in_force = learner.in_force();
         let label: Arc<str> = label.into();
         let name = self.names.get(&id).cloned();
         let slot = Slot {
@@ -95,6 +96,7 @@ impl<S: Store> SlotConfig<S> {
             origin: self.origin,
             learner: Mutex::new(learner),
         };
+        slot.observe.limits_at_start(in_force);
         slot.touch(Instant::now());
         slot
     }

@@ -89,6 +89,15 @@ pub(crate) enum Result {
     Refused,
 }
 
+/// A change of the circuit an answer made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// It opened (or opened again, its probe failed): the probe may go `retry_in` from now.
+    Opened { retry_in: Duration },
+    /// It closed: requests go as usual again.
+    Closed,
+}
+
 /// One scope's breaker.
 #[derive(Debug, Clone)]
 pub(crate) struct Breaker {
@@ -126,11 +135,12 @@ impl Breaker {
         }
     }
 
-    /// Records an answer at `now`. Returns `true` when it opened the circuit.
-    pub(crate) fn record(&mut self, result: Result, probe: bool, now: Instant) -> bool {
+    /// Records an answer at `now`. Returns the change it made to the circuit, if any.
+    pub(crate) fn record(&mut self, result: Result, probe: bool, now: Instant) -> Option<Change> {
+        let was_closed = matches!(self.state, State::Closed { .. });
         match (result, self.state) {
-            (Result::Success, _) => self.state = State::Closed { failures: 0 },
-            (Result::Refused, _) if probe => self.state = State::Closed { failures: 0 },
+            (Result::Success, _) => return self.close(was_closed),
+            (Result::Refused, _) if probe => return self.close(was_closed),
             (Result::Refused, _) => {}
             (Result::Failure { asked }, State::Closed { failures }) => {
                 let failures = failures + 1;
@@ -146,16 +156,23 @@ impl Breaker {
             // A failure of a request sent before the circuit opened: it stays as it is.
             (Result::Failure { .. }, _) => {}
         }
-        false
+        None
     }
 
-    fn open(&mut self, asked: Option<Duration>, now: Instant) -> bool {
+    fn open(&mut self, asked: Option<Duration>, now: Instant) -> Option<Change> {
         let wait = asked.map_or(self.settings.open_for, |a| a.max(self.settings.open_for));
         let until = now
             .checked_add(wait)
             .unwrap_or(now + crate::clock::FAR_FUTURE);
         self.state = State::Open { until };
-        true
+        Some(Change::Opened {
+            retry_in: until - now,
+        })
+    }
+
+    fn close(&mut self, was_closed: bool) -> Option<Change> {
+        self.state = State::Closed { failures: 0 };
+        (!was_closed).then_some(Change::Closed)
     }
 
     /// The state at `now`, for the stats.
@@ -186,16 +203,17 @@ mod tests {
     fn opens_after_n_consecutive_failures_only() {
         let t = Instant::now();
         let mut b = breaker();
-        assert!(!b.record(FAIL, false, t));
-        assert!(!b.record(FAIL, false, t));
+        assert_eq!(None, b.record(FAIL, false, t));
+        assert_eq!(None, b.record(FAIL, false, t));
         // A success starts the count again; a 429 neither counts nor resets.
-        assert!(!b.record(Result::Success, false, t));
-        assert!(!b.record(FAIL, false, t));
-        assert!(!b.record(Result::Refused, false, t));
-        assert!(!b.record(FAIL, false, t));
+        assert_eq!(None, b.record(Result::Success, false, t));
+        assert_eq!(None, b.record(FAIL, false, t));
+        assert_eq!(None, b.record(Result::Refused, false, t));
+        assert_eq!(None, b.record(FAIL, false, t));
         assert_eq!(b.state(t), CircuitState::Closed);
         assert_eq!(b.check(t), Ok(Pass::Go));
-        assert!(b.record(FAIL, false, t));
+        let opened = Change::Opened { retry_in: 60 * S };
+        assert_eq!(b.record(FAIL, false, t), Some(opened));
         assert_eq!(b.state(t), CircuitState::Open { retry_in: 60 * S });
         assert_eq!(b.check(t + 10 * S), Err(Some(50 * S)));
     }
@@ -204,13 +222,9 @@ mod tests {
     fn stays_open_longer_when_the_server_asks() {
         let t = Instant::now();
         let mut b = Breaker::new(CircuitBreaker::new(1, 60 * S));
-        b.record(
-            Result::Failure {
-                asked: Some(90 * S),
-            },
-            false,
-            t,
-        );
+        let asked = Some(90 * S);
+        let opened = b.record(Result::Failure { asked }, false, t);
+        assert_eq!(opened, Some(Change::Opened { retry_in: 90 * S }));
         assert_eq!(b.state(t), CircuitState::Open { retry_in: 90 * S });
         let mut b = Breaker::new(CircuitBreaker::new(1, 60 * S));
         b.record(Result::Failure { asked: Some(5 * S) }, false, t);
@@ -227,9 +241,20 @@ mod tests {
         assert_eq!(b.check(later), Ok(Pass::Probe));
         assert_eq!(b.check(later), Err(None), "only one probe");
         assert_eq!(b.state(later), CircuitState::HalfOpen { probing: true });
-        b.record(Result::Success, true, later);
+        assert_eq!(b.record(Result::Success, true, later), Some(Change::Closed));
         assert_eq!(b.state(later), CircuitState::Closed);
         assert_eq!(b.check(later), Ok(Pass::Go));
+        // A success of a request sent before the circuit opened closes it too.
+        b.record(FAIL, false, later);
+        assert_eq!(
+            b.record(Result::Success, false, later),
+            Some(Change::Closed)
+        );
+        assert_eq!(
+            b.record(Result::Success, false, later),
+            None,
+            "closed already"
+        );
     }
 
     #[test]
@@ -241,10 +266,11 @@ mod tests {
         assert_eq!(b.check(t1), Ok(Pass::Probe));
         b.probe_abandoned();
         assert_eq!(b.check(t1), Ok(Pass::Probe));
-        assert!(b.record(FAIL, true, t1));
+        let reopened = Change::Opened { retry_in: 60 * S };
+        assert_eq!(b.record(FAIL, true, t1), Some(reopened));
         assert_eq!(b.state(t1), CircuitState::Open { retry_in: 60 * S });
         // A late failure of a request sent before does not extend it.
-        assert!(!b.record(FAIL, false, t1 + S));
+        assert_eq!(None, b.record(FAIL, false, t1 + S));
         assert_eq!(b.state(t1 + S), CircuitState::Open { retry_in: 59 * S });
     }
 }

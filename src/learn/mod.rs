@@ -21,10 +21,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+pub(crate) use breaker::Change as CircuitChange;
 pub use breaker::{
     CircuitBreaker, CircuitState, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
 };
-pub(crate) use scope::{Answer, ScopeLearner};
+pub(crate) use scope::{Answer, InForce, ScopeLearner};
 
 use crate::store::Limits;
 use crate::sync::lock;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 
 use super::aimd::Aimd;
-use super::breaker::{self, Breaker, CircuitState, Pass};
+use super::breaker::{self, Breaker, Change, CircuitState, Pass};
 use super::rate::{Bucket, RateModel, Seen};
 use super::window::WindowModel;
 use super::{LearnConfig, LearnedLimits, RetryAfterPolicy};
@@ -31,13 +31,24 @@ pub(crate) struct Answer<'a> {
 /// What an answer changed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Learned {
-    /// The scope's new limits, when they changed.
-    pub(crate) limits: Option<Limits>,
+    /// The scope's new limits and the learned values in them, when a learned value changed.
+    pub(crate) limits: Option<(Limits, InForce)>,
     /// The longest the scope's cooldown should stay closed for this answer, when the
     /// [`RetryAfterPolicy::Learned`] policy cuts a coarse `Retry-After`.
     pub(crate) cooldown_cap: Option<Duration>,
-    /// Whether this answer opened the circuit.
-    pub(crate) opened: bool,
+    /// The change this answer made to the circuit, if any.
+    pub(crate) circuit: Option<Change>,
+}
+
+/// The learned values a scope's limits hold now, as in [`LearnedLimits`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct InForce {
+    /// The learned pace, in requests per second.
+    pub(crate) rate: Option<f64>,
+    /// The burst of that pace.
+    pub(crate) burst: Option<u32>,
+    /// The in-flight cap in force (learned, at most the configured one).
+    pub(crate) max_in_flight: Option<usize>,
 }
 
 /// One scope's estimators and breaker.
@@ -170,7 +181,7 @@ impl ScopeLearner {
             Some(_) => (Seen::Admitted, breaker::Result::Success),
         };
         if let Some(b) = &mut self.breaker {
-            out.opened = b.record(result, a.probe, a.now);
+            out.circuit = b.record(result, a.probe, a.now);
         }
         if !self.learn {
             return out;
@@ -195,7 +206,7 @@ impl ScopeLearner {
         }
         let after = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
         if after != before {
-            out.limits = Some(self.limits());
+            out.limits = Some((self.limits(), self.in_force()));
         }
         out
     }
@@ -251,15 +262,29 @@ impl ScopeLearner {
         }
     }
 
-    /// What was learned, for scope `label`.
-    pub(crate) fn snapshot(&self, label: &str) -> LearnedLimits {
+    /// The learned values in force now.
+    pub(crate) fn in_force(&self) -> InForce {
         let pace = self.rate.pace.filter(|_| self.learn);
-        LearnedLimits {
-            scope: label.to_owned(),
+        InForce {
             rate: pace.map(|p| p.rate),
             burst: pace.map(|p| p.burst),
+            // As in `limits`: the learned cap when one is learned, else the configured one.
+            max_in_flight: self
+                .aimd
+                .as_ref()
+                .map_or(self.base.max_in_flight, |a| Some(a.cap())),
+        }
+    }
+
+    /// What was learned, for scope `label`.
+    pub(crate) fn snapshot(&self, label: &str) -> LearnedLimits {
+        let in_force = self.in_force();
+        LearnedLimits {
+            scope: label.to_owned(),
+            rate: in_force.rate,
+            burst: in_force.burst,
             window: self.window.learned.or(self.warm_window),
-            max_in_flight: self.limits().max_in_flight,
+            max_in_flight: in_force.max_in_flight,
             confidence: self.confidence(),
             episodes: self.rate.episodes,
         }

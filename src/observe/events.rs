@@ -9,7 +9,7 @@ use crate::store::QuotaName;
 ///
 /// Events are rare by design (a cooldown, a refusal, a warning once per crossing), never one
 /// per request that goes well. New variants may be added: match with a `_` arm.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Event {
     /// The scope's shared cooldown closed: every caller of the scope waits `wait` from now
@@ -68,6 +68,48 @@ pub enum Event {
         /// bucket's burst.
         capacity: u64,
     },
+    /// The scope's circuit breaker
+    /// ([`circuit_breaker`](crate::ThrottleBuilder::circuit_breaker)) opened: its requests
+    /// fail at once with [`ThrottleError::CircuitOpen`](crate::ThrottleError::CircuitOpen)
+    /// until one probe request may go, `retry_in` from now. Sent when consecutive failures
+    /// open it, and again each time a failed probe opens it again.
+    #[non_exhaustive]
+    CircuitOpened {
+        /// The scope.
+        scope: EventScope,
+        /// Time until the probe may go: the breaker's `open_for`, or the last failure's
+        /// `Retry-After` if longer.
+        retry_in: Duration,
+    },
+    /// The scope's circuit closed: requests go as usual again. Sent when an answer that is
+    /// not a failure comes while it is open or half-open (the probe's, or one of a request
+    /// sent before it opened).
+    #[non_exhaustive]
+    CircuitClosed {
+        /// The scope.
+        scope: EventScope,
+        /// How long it was not closed: from the opening (the first, if a failed probe opened
+        /// it again) to now.
+        open_for: Duration,
+    },
+    /// What the scope learned of the server's limits changed
+    /// ([`learn_limits`](crate::ThrottleBuilder::learn_limits)): its learned rate, burst or
+    /// in-flight cap. Sent when an answer changes one of them, not per answer; the values
+    /// are the ones in force from now on, as [`Throttle::learned`](crate::Throttle::learned)
+    /// gives them.
+    #[non_exhaustive]
+    LimitsLearned {
+        /// The scope.
+        scope: EventScope,
+        /// The learned pace, in requests per second (`None`: no rate learned).
+        rate: Option<f64>,
+        /// The burst of that pace: requests that may go at once after an idle time.
+        burst: Option<u32>,
+        /// The in-flight cap in force: learned from parallel-limit refusals, at most the
+        /// configured [`max_in_flight`](crate::ThrottleBuilder::max_in_flight) (`None`: no
+        /// cap).
+        max_in_flight: Option<usize>,
+    },
 }
 
 impl Event {
@@ -77,7 +119,10 @@ impl Event {
             Event::CooldownClosed { scope, .. }
             | Event::CooldownReopened { scope, .. }
             | Event::Refused { scope, .. }
-            | Event::CapacityWarning { scope, .. } => scope,
+            | Event::CapacityWarning { scope, .. }
+            | Event::CircuitOpened { scope, .. }
+            | Event::CircuitClosed { scope, .. }
+            | Event::LimitsLearned { scope, .. } => scope,
         }
     }
 }

@@ -2,13 +2,15 @@
 //! together), registered once with the recorder installed then, so that recording is an
 //! atomic add.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, Gauge, Histogram};
 use metrics::{Label, Unit};
 
+use crate::learn::InForce;
 use crate::policy::StopReason;
+use crate::sync::lock;
 
 /// Calls entering the throttle.
 pub(crate) const REQUESTS: &str = "reqwest_throttle_requests_total";
@@ -28,6 +30,12 @@ pub(crate) const IN_FLIGHT: &str = "reqwest_throttle_in_flight";
 pub(crate) const QUEUED: &str = "reqwest_throttle_queued";
 /// Scopes whose cooldown is closed.
 pub(crate) const COOLDOWN_CLOSED: &str = "reqwest_throttle_cooldown_closed";
+/// The learned pace, in requests per second.
+pub(crate) const LEARNED_RATE: &str = "reqwest_throttle_learned_rate";
+/// The in-flight cap in force (learned, at most the configured one).
+pub(crate) const LEARNED_MAX_IN_FLIGHT: &str = "reqwest_throttle_learned_max_in_flight";
+/// The circuit's state: 0 closed, 1 half-open, 2 open.
+pub(crate) const CIRCUIT_STATE: &str = "reqwest_throttle_circuit_state";
 /// Time from asking for admission to being admitted, per attempt.
 pub(crate) const QUEUE_SECONDS: &str = "reqwest_throttle_queue_seconds";
 /// Time from sending an attempt to its answer, per attempt.
@@ -91,6 +99,20 @@ pub(crate) fn describe() {
         Unit::Count,
         "Scopes whose shared cooldown is closed."
     );
+    describe_gauge!(
+        LEARNED_RATE,
+        Unit::CountPerSecond,
+        "Learned pace in requests per second (0: none learned)."
+    );
+    describe_gauge!(
+        LEARNED_MAX_IN_FLIGHT,
+        Unit::Count,
+        "In-flight cap in force, learned or as configured (0: no cap)."
+    );
+    describe_gauge!(
+        CIRCUIT_STATE,
+        "Circuit breaker state: 0 closed, 1 half-open, 2 open (unnamed scopes: the worst)."
+    );
     describe_histogram!(
         QUEUE_SECONDS,
         Unit::Seconds,
@@ -115,6 +137,11 @@ pub(crate) struct ScopeMetrics {
     pub(crate) in_flight: Gauge,
     pub(crate) queued: Gauge,
     pub(crate) cooldown_closed: Gauge,
+    learned_rate: Gauge,
+    learned_max_in_flight: Gauge,
+    circuit_state: Gauge,
+    /// The scopes of this series whose circuit is half-open, and open.
+    circuits: Mutex<[u64; 2]>,
     queue_seconds: Histogram,
     answer_seconds: Histogram,
 }
@@ -141,6 +168,10 @@ impl ScopeMetrics {
             in_flight: metrics::gauge!(IN_FLIGHT, labels.iter()),
             queued: metrics::gauge!(QUEUED, labels.iter()),
             cooldown_closed: metrics::gauge!(COOLDOWN_CLOSED, labels.iter()),
+            learned_rate: metrics::gauge!(LEARNED_RATE, labels.iter()),
+            learned_max_in_flight: metrics::gauge!(LEARNED_MAX_IN_FLIGHT, labels.iter()),
+            circuit_state: metrics::gauge!(CIRCUIT_STATE, labels.iter()),
+            circuits: Mutex::default(),
             queue_seconds: metrics::histogram!(QUEUE_SECONDS, labels.iter()),
             answer_seconds: metrics::histogram!(ANSWER_SECONDS, labels.iter()),
         }
@@ -170,5 +201,36 @@ impl ScopeMetrics {
 
     pub(crate) fn stopped(&self, reason: &StopReason) {
         self.stops[reason_index(reason)].increment(1);
+    }
+
+    /// A scope's learned limits went from `from` to `to`: the gauges, which sum the scopes of
+    /// this series, move by the difference (no rate or no cap counts 0).
+    pub(crate) fn learned(&self, from: InForce, to: InForce) {
+        let rate = |l: InForce| l.rate.unwrap_or(0.0);
+        let cap = |l: InForce| l.max_in_flight.map_or(0.0, |c| c as f64);
+        if rate(to) != rate(from) {
+            self.learned_rate.increment(rate(to) - rate(from));
+        }
+        if cap(to) != cap(from) {
+            self.learned_max_in_flight.increment(cap(to) - cap(from));
+        }
+    }
+
+    /// A scope's circuit went from level `from` to `to` (0 closed, 1 half-open, 2 open): the
+    /// gauge shows the worst level of the series' scopes.
+    pub(crate) fn circuit(&self, from: usize, to: usize) {
+        let worst = |n: &[u64; 2]| n.iter().rposition(|&k| k > 0).map_or(0, |i| i + 1);
+        let mut scopes = lock(&self.circuits);
+        let before = worst(&scopes);
+        if let Some(n) = from.checked_sub(1).and_then(|i| scopes.get_mut(i)) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(n) = to.checked_sub(1).and_then(|i| scopes.get_mut(i)) {
+            *n += 1;
+        }
+        let after = worst(&scopes);
+        if after != before {
+            self.circuit_state.increment(after as f64 - before as f64);
+        }
     }
 }

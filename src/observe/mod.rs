@@ -18,12 +18,19 @@
 //! | `reqwest_throttle_in_flight` | gauge | requests | | requests sent and not finished (body read or dropped), and [`Permit`](crate::Permit)s held |
 //! | `reqwest_throttle_queued` | gauge | callers | | callers waiting for admission ([`acquire`](crate::Throttle::acquire) included) |
 //! | `reqwest_throttle_cooldown_closed` | gauge | scopes | | scopes whose shared cooldown is closed (0 or 1 for a named scope) |
+//! | `reqwest_throttle_learned_rate` | gauge | requests per second | | the learned pace in force, as [`LearnedLimits::rate`](crate::LearnedLimits::rate) (0: none learned) |
+//! | `reqwest_throttle_learned_max_in_flight` | gauge | requests | | the in-flight cap in force, as [`LearnedLimits::max_in_flight`](crate::LearnedLimits::max_in_flight): learned from parallel-limit refusals, at most the configured one (0: no cap) |
+//! | `reqwest_throttle_circuit_state` | gauge | state | | the circuit breaker: 0 closed, 1 half-open (from the end of its open time until the probe's answer), 2 open |
 //! | `reqwest_throttle_queue_seconds` | histogram | seconds | | per attempt, from asking for admission to being admitted (0 when at once) |
 //! | `reqwest_throttle_answer_seconds` | histogram | seconds | | per attempt, from sending to the answer's head (an error body the throttle reads included) or the transport error |
 //!
 //! `reason` is one of `retries_exhausted`, `not_safe_to_resend`, `body_not_cloneable`,
 //! `retry_disabled`, `deadline`, `retry_budget_exhausted`, `server_said_no_retry`,
 //! `ran_before_redirect`, `wait_too_long`, `final`.
+//!
+//! The learned gauges of the series without a `scope` label sum the unnamed scopes; its
+//! circuit state is the worst of theirs (2 if any is open). A scope dropped (evicted when
+//! idle, or with its throttle) leaves the sums.
 //!
 //! **Labels are bounded.** A scope gets a `scope` label only when it is named with
 //! [`ThrottleBuilder::name_scope`](crate::ThrottleBuilder::name_scope); every unnamed scope
@@ -49,7 +56,8 @@
 //! # Events
 //! [`Throttle::events`](crate::Throttle::events) gives a receiver of [`Event`]s: a cooldown
 //! closed or reopened, an attempt refused by the server, a limit past the capacity-warning
-//! threshold. See [`Event`] for when each is sent.
+//! threshold, a circuit opened or closed, a scope's learned limits changed. See [`Event`] for
+//! when each is sent.
 //!
 //! Events go through a `tokio` broadcast channel with a bounded buffer
 //! ([`event_buffer`](crate::ThrottleBuilder::event_buffer), 256 by default): sending never
@@ -59,6 +67,7 @@
 //! event kept. No event is built before the first call to `events()`.
 
 mod events;
+mod learning;
 #[cfg(feature = "metrics")]
 mod metrics;
 
@@ -145,6 +154,9 @@ impl Observer {
             in_flight_armed: AtomicBool::new(true),
             quota_armed: AtomicBool::new(true),
             cooldown: Mutex::new(None),
+            circuit: Mutex::new(None),
+            #[cfg(feature = "metrics")]
+            learned: Mutex::default(),
             #[cfg(feature = "metrics")]
             metrics,
         }))
@@ -165,8 +177,24 @@ struct ScopeShared {
     quota_armed: AtomicBool,
     /// The cooldown as this process closed it: since when, until when.
     cooldown: Mutex<Option<(Instant, Instant)>>,
+    /// The circuit as this scope's answers changed it (`None`: closed).
+    circuit: Mutex<Option<learning::Opened>>,
+    /// The learned limits the gauges hold for this scope.
+    #[cfg(feature = "metrics")]
+    learned: Mutex<crate::learn::InForce>,
     #[cfg(feature = "metrics")]
     metrics: Arc<metrics::ScopeMetrics>,
+}
+
+/// A scope dropped (evicted, or its throttle dropped) leaves the sums of the learned-limit
+/// and circuit-state gauges.
+#[cfg(feature = "metrics")]
+impl Drop for ScopeShared {
+    fn drop(&mut self) {
+        self.learned_gauges(crate::learn::InForce::default());
+        let circuit = lock(&self.circuit).take();
+        self.metrics.circuit(learning::level(circuit), 0);
+    }
 }
 
 impl ScopeShared {

@@ -183,3 +183,30 @@ pub fn refuses_once(secs: &'static str) -> FakeServer {
         _ => status(200),
     })
 }
+
+/// `429` for a parallel-requests limit (`Retry-After: 1`) for the first request, `200` after:
+/// a learning throttle halves its in-flight cap once, then raises it by one per 10 successes.
+pub fn refuses_parallel_once() -> FakeServer {
+    FakeServer::new(|i, _| match i {
+        0 => json(
+            429,
+            &[
+                ("retry-after", "1"),
+                ("rate_limit_type", "parallel_requests"),
+            ],
+            "{}",
+        ),
+        _ => status(200),
+    })
+}
+
+/// A server that answers `503` until `healthy` is set, then `200`.
+pub fn fails_until(healthy: std::sync::Arc<std::sync::atomic::AtomicBool>) -> FakeServer {
+    FakeServer::new(move |_, _| {
+        if healthy.load(std::sync::atomic::Ordering::Relaxed) {
+            status(200)
+        } else {
+            status(503)
+        }
+    })
+}
