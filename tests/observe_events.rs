@@ -251,7 +251,7 @@ fn warnings(events: Vec<Event>) -> Vec<(WarnedLimit, u64, u64)> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_in_flight_warning_fires_once_per_crossing_and_rearms_under_the_threshold() {
+async fn the_in_flight_warning_fires_once_per_crossing_and_rearms_10_points_under_the_threshold() {
     let throttle = Throttle::builder().max_in_flight(10).build().unwrap();
     let mut events = throttle.events();
     let mut held = Vec::new();
@@ -271,8 +271,14 @@ async fn the_in_flight_warning_fires_once_per_crossing_and_rearms_under_the_thre
     held.truncate(8);
     held.push(throttle.acquire(1).await.unwrap());
     assert_eq!(warnings(drain(&mut events)), []);
-    // Down to 7 re-arms it; the next crossing warns again.
+    // Down to 7 (70 %) does not re-arm it: a count swinging across the threshold warns once.
     held.truncate(7);
+    held.push(throttle.acquire(1).await.unwrap());
+    assert_eq!(warnings(drain(&mut events)), []);
+    // Down to 6 (under 70 %) re-arms it; the next crossing warns again.
+    held.truncate(6);
+    held.push(throttle.acquire(1).await.unwrap());
+    assert_eq!(warnings(drain(&mut events)), []);
     held.push(throttle.acquire(1).await.unwrap());
     assert_eq!(
         warnings(drain(&mut events)),

@@ -50,7 +50,8 @@ pub enum Event {
     /// A limit of the scope passed the capacity-warning threshold
     /// ([`capacity_warning`](crate::ThrottleBuilder::capacity_warning), 80 % by default):
     /// `used` of `capacity` is taken now. Sent once per crossing: not again until the usage
-    /// has fallen back under the threshold (which re-arms it) and passes it again. The
+    /// has fallen 10 percentage points under the threshold (which re-arms it: under 70 % for
+    /// the default 80 %) and passes it again. The
     /// in-flight count is checked at each admission and release, the quotas at each
     /// admission (a quota emptied by time re-arms at the next admission). The in-flight cap
     /// and the quotas (the most-used one named) are warned about separately; quotas only with

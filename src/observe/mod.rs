@@ -84,6 +84,11 @@ use crate::clock::instant_after;
 use crate::store::QuotaUsage;
 use crate::sync::lock;
 
+/// How far (in percentage points) usage must fall under the capacity-warning threshold
+/// before the warning re-arms, so that a count going back and forth across the threshold
+/// (say 7 and 8 of 10 in flight) warns once, not at every step.
+const REARM_MARGIN: u128 = 10;
+
 /// Default capacity-warning threshold: 80 % of a limit.
 pub const DEFAULT_CAPACITY_WARNING: u8 = 80;
 /// Default number of events kept for a receiver that lags: 256.
@@ -208,15 +213,17 @@ impl ScopeShared {
     }
 
     /// Sends a warning if `used` of `capacity` crosses the threshold with `armed` set;
-    /// re-arms it under the threshold.
+    /// re-arms it once usage is [`REARM_MARGIN`] points under the threshold.
     fn check(&self, armed: &AtomicBool, used: u64, capacity: u64, limit: WarnedLimit) {
         let percent = u128::from(self.throttle.warn_percent);
-        let above = u128::from(used) * 100 >= u128::from(capacity) * percent;
-        if !above {
+        let share = u128::from(used) * 100;
+        let above = share >= u128::from(capacity) * percent;
+        let rearm = share < u128::from(capacity) * percent.saturating_sub(REARM_MARGIN);
+        if rearm || (percent <= REARM_MARGIN && used == 0) {
             if !armed.load(Ordering::Relaxed) {
                 armed.store(true, Ordering::Relaxed);
             }
-        } else if armed.swap(false, Ordering::Relaxed) {
+        } else if above && armed.swap(false, Ordering::Relaxed) {
             self.send(Event::CapacityWarning {
                 scope: self.scope.clone(),
                 limit,
