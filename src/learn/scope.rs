@@ -1,7 +1,7 @@
 //! [`ScopeLearner`]: what one scope learns from its answers, and its circuit breaker.
 
 use std::num::NonZeroU32;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
 
@@ -20,6 +20,10 @@ pub(crate) struct Answer<'a> {
     pub(crate) seq: u64,
     /// When the answer came.
     pub(crate) now: Instant,
+    /// The wall-clock time its hints were read at (what their delays are relative to).
+    pub(crate) read_at: SystemTime,
+    /// The scope's other requests in flight when it came.
+    pub(crate) in_flight: usize,
     /// The status, or `None` for a transport error.
     pub(crate) status: Option<StatusCode>,
     /// The answer's hints.
@@ -55,6 +59,8 @@ pub(crate) struct ScopeLearner {
     /// The confidence loaded with a warm start's rate.
     warm_confidence: f64,
     aimd: Option<Aimd>,
+    /// The pace from the server's latest remaining and reset (see [`pace`](super::pace)).
+    header_pace: Option<Bucket>,
     /// Parallel-limit refusals of sends numbered below this were sent before the cap was last
     /// lowered: the same episode, not lowered again.
     aimd_episode_end: u64,
@@ -87,6 +93,7 @@ impl ScopeLearner {
             warm_window: warm.filter(|_| learn).and_then(|w| w.window),
             warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
             aimd,
+            header_pace: None,
             aimd_episode_end: 0,
             breaker: config.breaker.map(Breaker::new),
         }
@@ -107,7 +114,7 @@ impl ScopeLearner {
                 limits = limits.with_window(WindowQuota::new(limit, w.window, guard));
             }
         }
-        if let Some(pace) = self.rate.pace {
+        if let Some(pace) = slower(self.rate.pace, self.header_pace) {
             if let Some(quota) = quota_of(pace) {
                 // The latency guard keeps part of a bucket's burst in hand; a learned burst
                 // keeps at least one cell usable (a pace of burst 1 keeps none in hand).
@@ -155,7 +162,7 @@ impl ScopeLearner {
         let none = Hints::default();
         let hints = a.hints.unwrap_or(&none);
         let mut out = Learned::default();
-        let before = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
+        let before = self.paces();
         let (seen, result) = match a.status {
             None => (Seen::Unknown, breaker::Result::Failure { asked: None }),
             Some(s) if s.is_server_error() => (
@@ -193,11 +200,42 @@ impl ScopeLearner {
                 self.rate.answered(a.seq, Seen::Unknown, a.now);
             }
         }
-        let after = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
-        if after != before {
+        self.header_pace = self.pace_from(hints, &a);
+        if self.paces() != before {
             out.limits = Some(self.limits());
         }
         out
+    }
+
+    /// What [`limits`](Self::limits) is made of, to tell whether an answer changed it.
+    fn paces(&self) -> (Option<Bucket>, Option<Bucket>, Option<usize>) {
+        (
+            self.rate.pace,
+            self.header_pace,
+            self.aimd.as_ref().map(Aimd::cap),
+        )
+    }
+
+    /// The pace the server's request allowance asks for (none without one: with no
+    /// remaining and reset reported, nothing is paced from headers).
+    fn pace_from(&self, hints: &Hints, a: &Answer<'_>) -> Option<Bucket> {
+        let requests = hints.requests?;
+        let cap = self.limits_cap();
+        super::pace::spread(
+            requests.remaining?,
+            requests.reset_after?,
+            a.read_at,
+            a.in_flight,
+            cap,
+        )
+    }
+
+    /// The in-flight cap in force: learned, else configured.
+    fn limits_cap(&self) -> Option<usize> {
+        self.aimd
+            .as_ref()
+            .map(Aimd::cap)
+            .or(self.base.max_in_flight)
     }
 
     /// Feeds a 429 to the model it concerns; what the rate model should log.
@@ -263,6 +301,15 @@ impl ScopeLearner {
             confidence: self.confidence(),
             episodes: self.rate.episodes,
         }
+    }
+}
+
+/// The slower of two paces (the one of lower rate), or the one there is.
+fn slower(a: Option<Bucket>, b: Option<Bucket>) -> Option<Bucket> {
+    match (a, b) {
+        (Some(a), Some(b)) if b.rate < a.rate => Some(b),
+        (Some(a), _) => Some(a),
+        (None, b) => b,
     }
 }
 
