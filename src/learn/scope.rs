@@ -325,3 +325,70 @@ fn quota_of(pace: Bucket) -> Option<governor::Quota> {
     let burst = NonZeroU32::new(pace.burst.max(1))?;
     Some(governor::Quota::with_period(period)?.allow_burst(burst))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::Allowance;
+    use crate::learn::DEFAULT_PROBE_AFTER;
+
+    fn learner(learn: bool) -> ScopeLearner {
+        let config = LearnConfig::new(learn, None, RetryAfterPolicy::Strict, DEFAULT_PROBE_AFTER);
+        ScopeLearner::new(&config, Limits::new().with_max_in_flight(Some(10)), None)
+    }
+
+    /// A 200 reporting `remaining` requests left for `reset_ms`, with `in_flight` others out.
+    fn answer(l: &mut ScopeLearner, hints: Option<&Hints>, in_flight: usize) -> Learned {
+        let now = Instant::now();
+        let seq = l.sent(now);
+        l.answered(Answer {
+            seq,
+            now,
+            // A quarter second past a whole second: the resets below are not whole seconds.
+            read_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
+            in_flight,
+            status: Some(StatusCode::OK),
+            hints,
+            probe: false,
+        })
+    }
+
+    fn requests(remaining: u64, reset_ms: u64) -> Hints {
+        Hints {
+            requests: Some(Allowance::new(
+                Some(100),
+                Some(remaining),
+                Some(Duration::from_millis(reset_ms)),
+            )),
+            ..Hints::default()
+        }
+    }
+
+    #[test]
+    fn little_left_paces_the_scope_and_plenty_left_lifts_the_pace() {
+        let mut l = learner(true);
+        // 12 left, 5 in flight: 7, under the cap of 10: 8 intervals over 4 s, 500 ms.
+        let limits = answer(&mut l, Some(&requests(12, 4001)), 5).limits.unwrap();
+        assert_eq!(limits.buckets.len(), 1);
+        let q = limits.buckets[0];
+        assert_eq!(q.burst_size().get(), 1);
+        let period = q.replenish_interval();
+        assert!(period >= Duration::from_millis(500), "{period:?}");
+        assert!(period < Duration::from_millis(546), "{period:?}");
+        // Plenty left after the reset: the pace is lifted.
+        let limits = answer(&mut l, Some(&requests(90, 4001)), 5).limits.unwrap();
+        assert_eq!(limits.buckets.len(), 0);
+    }
+
+    #[test]
+    fn no_pace_without_a_reported_allowance_or_with_configured_quotas() {
+        let mut l = learner(true);
+        assert_eq!(answer(&mut l, None, 9).limits, None);
+        assert_eq!(answer(&mut l, Some(&Hints::default()), 9).limits, None);
+        let mut configured = learner(false);
+        assert_eq!(
+            answer(&mut configured, Some(&requests(0, 4001)), 9).limits,
+            None
+        );
+    }
+}
