@@ -200,7 +200,10 @@ impl ScopeLearner {
                 self.rate.answered(a.seq, Seen::Unknown, a.now);
             }
         }
-        self.header_pace = self.pace_from(hints, &a);
+        if a.hints.is_some() {
+            // An answer without a request allowance lifts the pace; a transport error keeps it.
+            self.header_pace = self.pace_from(hints, &a);
+        }
         if self.paces() != before {
             out.limits = Some(self.limits());
         }
