@@ -449,9 +449,15 @@ async fn the_remaining_requests_are_spread_over_the_time_to_the_reset() {
     assert_eq!(sent.len(), 100);
     // Every window is used up: 40 in each of the first two.
     let first = sent.iter().filter(|&&t| t < window).count();
-    let second = sent.iter().filter(|&&t| t >= window && t < window * 2).count();
+    let second = sent
+        .iter()
+        .filter(|&&t| t >= window && t < window * 2)
+        .count();
     assert_eq!((first, second), (40, 40), "{sent:?}");
     // No burst then a long wait: the last of a window's requests are spread up to its reset.
     let gap = sent.windows(2).map(|w| w[1] - w[0]).max().unwrap();
-    assert!(gap < Duration::from_secs(1), "longest gap {gap:?}: {sent:?}");
+    assert!(
+        gap < Duration::from_secs(1),
+        "longest gap {gap:?}: {sent:?}"
+    );
 }

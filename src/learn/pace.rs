@@ -8,8 +8,8 @@
 //! (the server may not have counted them yet).
 //!
 //! A pace only applies when little is left: while the remaining (less the requests in flight)
-//! is at least one in-flight round (the scope's in-flight cap), a round of sends cannot
-//! overrun it and the scope goes at its own pace.
+//! is more than one in-flight round (the scope's in-flight cap), the next round of sends
+//! cannot use it up and the scope goes at its own pace; the last round is spread.
 //!
 //! Pure: numbers in, a pace out; no clock, no I/O.
 
@@ -32,8 +32,8 @@ const STEPS: f64 = 8.0;
 /// the earliest it can be ([`reset::earliest`]: a whole-second reset up to 1 s early). The
 /// rate is rounded down to one of 8 steps per doubling; the burst is 1.
 ///
-/// `None` (no pace) when plenty is left (at least `cap` after the requests in flight, or
-/// with no cap at least 1), or when the reset is now or past.
+/// `None` (no pace) when plenty is left (more than `cap` after the requests in flight; with
+/// no cap, anything), or when the reset is now or past.
 pub(crate) fn spread(
     remaining: u64,
     reset_after: Duration,
@@ -46,8 +46,8 @@ pub(crate) fn spread(
         return None;
     }
     let left = remaining.saturating_sub(in_flight as u64);
-    let plenty = cap.map_or(1, |c| c.max(1) as u64);
-    if left >= plenty {
+    let round = cap.map_or(0, |c| c as u64);
+    if left > round {
         return None;
     }
     let rate = (left + 1) as f64 / reset_after.as_secs_f64();
@@ -93,10 +93,11 @@ mod tests {
 
     #[test]
     fn plenty_left_sets_no_pace() {
-        // 30 left after 10 in flight, cap 20: a round of sends fits.
+        // 21 left after 10 in flight, cap 20: more than a round of sends.
         assert_eq!(spread(40, 6001 * MS, now(), 10, Some(20)), None);
-        assert_eq!(spread(30, 6001 * MS, now(), 10, Some(20)), None);
-        assert!(spread(29, 6001 * MS, now(), 10, Some(20)).is_some());
+        assert_eq!(spread(31, 6001 * MS, now(), 10, Some(20)), None);
+        // The last round is spread.
+        assert!(spread(30, 6001 * MS, now(), 10, Some(20)).is_some());
         // No cap: only "nothing left" paces.
         assert_eq!(spread(1, 6001 * MS, now(), 0, None), None);
         assert!(spread(1, 6001 * MS, now(), 1, None).is_some());
