@@ -257,7 +257,7 @@ impl<'a> Call<'a> {
         let (response, error_body) = match result {
             Ok(answer) => answer,
             Err(err) => {
-                self.learn(None, None).await;
+                self.learn(None, None, SystemTime::now()).await;
                 tracing::debug!(attempt = self.facts.retries + 1, error = %err, "answer");
                 let transient = is_transient(&err);
                 let decision = self.decide(Outcome::Transport { transient });
@@ -268,7 +268,7 @@ impl<'a> Call<'a> {
         let read_at = SystemTime::now();
         let hints = headers::parse(response.headers(), read_at);
         let status = response.status();
-        let cooldown_cap = self.learn(Some(status), Some(&hints)).await;
+        let cooldown_cap = self.learn(Some(status), Some(&hints), read_at).await;
         let attempt = self.facts.retries + 1;
         tracing::debug!(attempt, status = status.as_u16(), "answer");
         if status == StatusCode::TOO_MANY_REQUESTS {
@@ -304,16 +304,19 @@ impl<'a> Call<'a> {
         (decision, Ok((response, hints)))
     }
 
-    /// Feeds the attempt's answer (`None`: a transport error) to the scope's learner; the
-    /// cooldown cap it returns.
+    /// Feeds the attempt's answer (`None`: a transport error; hints read at `read_at`) to the
+    /// scope's learner; the cooldown cap it returns.
     async fn learn(
         &mut self,
         status: Option<StatusCode>,
         hints: Option<&Hints>,
+        read_at: SystemTime,
     ) -> Option<Duration> {
         let answer = crate::learn::Answer {
             seq: self.sent,
             now: Instant::now().into_std(),
+            read_at,
+            in_flight: 0,
             status,
             hints,
             probe: false,

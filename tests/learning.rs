@@ -435,3 +435,65 @@ async fn limits_learned_events_tell_each_change_of_the_rate_and_end_at_what_was_
         Some(&(now.rate, now.burst, now.max_in_flight))
     );
 }
+
+/// A fixed window of `limit` requests per `window` from the first request, reporting
+/// `x-ratelimit-{limit,remaining,reset}-requests` on every answer (the reset as a Go
+/// duration to the millisecond, rounded up) and refusing with 429 when the window is used up.
+fn fixed_window(limit: u32, window: Duration) -> FakeServer {
+    // (start of the first window, number of the current window, requests admitted in it)
+    let state = Mutex::new((None::<Instant>, 0u32, 0u32));
+    FakeServer::new(move |_, _| {
+        let now = Instant::now();
+        let mut state = state.lock().unwrap();
+        let t0 = *state.0.get_or_insert(now);
+        let n = ((now - t0).as_nanos() / window.as_nanos()) as u32;
+        if n != state.1 {
+            (state.1, state.2) = (n, 0);
+        }
+        let code = if state.2 < limit {
+            state.2 += 1;
+            200
+        } else {
+            429
+        };
+        let end = t0 + window * (n + 1);
+        let reset = format!("{}ms", (end - now).as_millis() + 1);
+        let (limit, remaining) = (limit.to_string(), (limit - state.2).to_string());
+        json(
+            code,
+            &[
+                ("x-ratelimit-limit-requests", &limit),
+                ("x-ratelimit-remaining-requests", &remaining),
+                ("x-ratelimit-reset-requests", &reset),
+            ],
+            "{}",
+        )
+    })
+    .with_delay(SERVICE)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_remaining_requests_are_spread_over_the_time_to_the_reset() {
+    // 40 per 4 s; 10 in flight of 50 ms could send 40 in 0.2 s and then wait 3.8 s.
+    let window = Duration::from_secs(4);
+    let server = fixed_window(40, window);
+    let throttle = learner(10);
+    let t0 = Instant::now();
+    run(&server.client(&throttle), 100, 20).await;
+    assert_eq!(throttle.stats().responses_429, 0);
+    let sent = server.sent_at(t0);
+    assert_eq!(sent.len(), 100);
+    // Every window is used up: 40 in each of the first two.
+    let first = sent.iter().filter(|&&t| t < window).count();
+    let second = sent
+        .iter()
+        .filter(|&&t| t >= window && t < window * 2)
+        .count();
+    assert_eq!((first, second), (40, 40), "{sent:?}");
+    // No burst then a long wait: the last of a window's requests are spread up to its reset.
+    let gap = sent.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        gap < Duration::from_secs(1),
+        "longest gap {gap:?}: {sent:?}"
+    );
+}

@@ -2,6 +2,7 @@
 //! learned limits applied after an answer. The estimators themselves are in
 //! [`learn`](crate::learn); what changed is told to the scope's observer (events, gauges).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,12 +80,15 @@ impl<S: Store> Slot<S> {
         lock(&self.learner).sent(Instant::now().into_std())
     }
 
-    /// Learns from one answer (`probe`: the call's probe, if this attempt was one) and applies
-    /// what changed. Returns the longest the scope's cooldown should stay closed for it, when
+    /// Learns from one answer (`probe`: the call's probe, if this attempt was one; the
+    /// scope's other requests in flight are filled in here) and applies what changed. Returns the longest the scope's cooldown should stay closed for it, when
     /// the learned model cuts a coarse `Retry-After`.
     pub(crate) async fn learn(&self, answer: Answer<'_>, probe: Option<Probe>) -> Option<Duration> {
+        // The answering request still holds its in-flight slot.
+        let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
         let answer = Answer {
             probe: probe.is_some(),
+            in_flight: in_flight.saturating_sub(1),
             ..answer
         };
         let learned = {

@@ -6,12 +6,14 @@
 //!
 //! - [`rate`]: the rate and burst of a server's token bucket, from which sends it refused;
 //! - [`aimd`]: the in-flight cap, from parallel-limit refusals;
+//! - [`pace`]: a pace from the server's remaining and reset;
 //! - [`window`]: a window server's limit and window length, from a refusal's reset time;
 //! - [`breaker`]: the circuit breaker;
 //! - [`reset`]: the resolution of reported reset times.
 
 pub(crate) mod aimd;
 pub(crate) mod breaker;
+pub(crate) mod pace;
 pub(crate) mod rate;
 pub(crate) mod reset;
 mod scope;

@@ -1,7 +1,7 @@
 //! [`ScopeLearner`]: what one scope learns from its answers, and its circuit breaker.
 
 use std::num::NonZeroU32;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
 
@@ -20,6 +20,10 @@ pub(crate) struct Answer<'a> {
     pub(crate) seq: u64,
     /// When the answer came.
     pub(crate) now: Instant,
+    /// The wall-clock time its hints were read at (what their delays are relative to).
+    pub(crate) read_at: SystemTime,
+    /// The scope's other requests in flight when it came.
+    pub(crate) in_flight: usize,
     /// The status, or `None` for a transport error.
     pub(crate) status: Option<StatusCode>,
     /// The answer's hints.
@@ -66,6 +70,8 @@ pub(crate) struct ScopeLearner {
     /// The confidence loaded with a warm start's rate.
     warm_confidence: f64,
     aimd: Option<Aimd>,
+    /// The pace from the server's latest remaining and reset (see [`pace`](super::pace)).
+    header_pace: Option<Bucket>,
     /// Parallel-limit refusals of sends numbered below this were sent before the cap was last
     /// lowered: the same episode, not lowered again.
     aimd_episode_end: u64,
@@ -98,6 +104,7 @@ impl ScopeLearner {
             warm_window: warm.filter(|_| learn).and_then(|w| w.window),
             warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
             aimd,
+            header_pace: None,
             aimd_episode_end: 0,
             breaker: config.breaker.map(Breaker::new),
         }
@@ -118,7 +125,7 @@ impl ScopeLearner {
                 limits = limits.with_window(WindowQuota::new(limit, w.window, guard));
             }
         }
-        if let Some(pace) = self.rate.pace {
+        if let Some(pace) = slower(self.rate.pace, self.header_pace) {
             if let Some(quota) = quota_of(pace) {
                 // The latency guard keeps part of a bucket's burst in hand; a learned burst
                 // keeps at least one cell usable (a pace of burst 1 keeps none in hand).
@@ -166,7 +173,7 @@ impl ScopeLearner {
         let none = Hints::default();
         let hints = a.hints.unwrap_or(&none);
         let mut out = Learned::default();
-        let before = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
+        let before = self.paces();
         let (seen, result) = match a.status {
             None => (Seen::Unknown, breaker::Result::Failure { asked: None }),
             Some(s) if s.is_server_error() => (
@@ -204,11 +211,45 @@ impl ScopeLearner {
                 self.rate.answered(a.seq, Seen::Unknown, a.now);
             }
         }
-        let after = (self.rate.pace, self.aimd.as_ref().map(Aimd::cap));
-        if after != before {
+        if a.hints.is_some() {
+            // An answer without a request allowance lifts the pace; a transport error keeps it.
+            self.header_pace = self.pace_from(hints, &a);
+        }
+        if self.paces() != before {
             out.limits = Some((self.limits(), self.in_force()));
         }
         out
+    }
+
+    /// What [`limits`](Self::limits) is made of, to tell whether an answer changed it.
+    fn paces(&self) -> (Option<Bucket>, Option<Bucket>, Option<usize>) {
+        (
+            self.rate.pace,
+            self.header_pace,
+            self.aimd.as_ref().map(Aimd::cap),
+        )
+    }
+
+    /// The pace the server's request allowance asks for (none without one: with no
+    /// remaining and reset reported, nothing is paced from headers).
+    fn pace_from(&self, hints: &Hints, a: &Answer<'_>) -> Option<Bucket> {
+        let requests = hints.requests?;
+        let cap = self.limits_cap();
+        super::pace::spread(
+            requests.remaining?,
+            requests.reset_after?,
+            a.read_at,
+            a.in_flight,
+            cap,
+        )
+    }
+
+    /// The in-flight cap in force: learned, else configured.
+    fn limits_cap(&self) -> Option<usize> {
+        self.aimd
+            .as_ref()
+            .map(Aimd::cap)
+            .or(self.base.max_in_flight)
     }
 
     /// Feeds a 429 to the model it concerns; what the rate model should log.
@@ -291,6 +332,15 @@ impl ScopeLearner {
     }
 }
 
+/// The slower of two paces (the one of lower rate), or the one there is.
+fn slower(a: Option<Bucket>, b: Option<Bucket>) -> Option<Bucket> {
+    match (a, b) {
+        (Some(a), Some(b)) if b.rate < a.rate => Some(b),
+        (Some(a), _) => Some(a),
+        (None, b) => b,
+    }
+}
+
 /// The token-bucket quota of a pace: one cell every `1 / rate`, `burst` at once.
 fn quota_of(pace: Bucket) -> Option<governor::Quota> {
     if !(pace.rate.is_finite() && pace.rate > 0.0) {
@@ -302,4 +352,71 @@ fn quota_of(pace: Bucket) -> Option<governor::Quota> {
         .clamp(Duration::from_nanos(1), crate::clock::FAR_FUTURE);
     let burst = NonZeroU32::new(pace.burst.max(1))?;
     Some(governor::Quota::with_period(period)?.allow_burst(burst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::Allowance;
+    use crate::learn::DEFAULT_PROBE_AFTER;
+
+    fn learner(learn: bool) -> ScopeLearner {
+        let config = LearnConfig::new(learn, None, RetryAfterPolicy::Strict, DEFAULT_PROBE_AFTER);
+        ScopeLearner::new(&config, Limits::new().with_max_in_flight(Some(10)), None)
+    }
+
+    /// A 200 reporting `remaining` requests left for `reset_ms`, with `in_flight` others out.
+    fn answer(l: &mut ScopeLearner, hints: Option<&Hints>, in_flight: usize) -> Learned {
+        let now = Instant::now();
+        let seq = l.sent(now);
+        l.answered(Answer {
+            seq,
+            now,
+            // A quarter second past a whole second: the resets below are not whole seconds.
+            read_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
+            in_flight,
+            status: Some(StatusCode::OK),
+            hints,
+            probe: false,
+        })
+    }
+
+    fn requests(remaining: u64, reset_ms: u64) -> Hints {
+        Hints {
+            requests: Some(Allowance::new(
+                Some(100),
+                Some(remaining),
+                Some(Duration::from_millis(reset_ms)),
+            )),
+            ..Hints::default()
+        }
+    }
+
+    #[test]
+    fn little_left_paces_the_scope_and_plenty_left_lifts_the_pace() {
+        let mut l = learner(true);
+        // 12 left, 5 in flight: 7, under the cap of 10: 8 intervals over 4 s, 500 ms.
+        let (limits, _) = answer(&mut l, Some(&requests(12, 4001)), 5).limits.unwrap();
+        assert_eq!(limits.buckets.len(), 1);
+        let q = limits.buckets[0];
+        assert_eq!(q.burst_size().get(), 1);
+        let period = q.replenish_interval();
+        assert!(period >= Duration::from_millis(500), "{period:?}");
+        assert!(period < Duration::from_millis(546), "{period:?}");
+        // Plenty left after the reset: the pace is lifted.
+        let (limits, _) = answer(&mut l, Some(&requests(90, 4001)), 5).limits.unwrap();
+        assert_eq!(limits.buckets.len(), 0);
+    }
+
+    #[test]
+    fn no_pace_without_a_reported_allowance_or_with_configured_quotas() {
+        let mut l = learner(true);
+        assert_eq!(answer(&mut l, None, 9).limits, None);
+        assert_eq!(answer(&mut l, Some(&Hints::default()), 9).limits, None);
+        let mut configured = learner(false);
+        assert_eq!(
+            answer(&mut configured, Some(&requests(0, 4001)), 9).limits,
+            None
+        );
+    }
 }
