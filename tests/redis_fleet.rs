@@ -56,13 +56,7 @@ async fn a_process_over_its_fair_share_yields_a_released_slot_to_a_waiting_one()
     let Some(server) = common::redis::shared() else {
         return;
     };
-    let make = || {
-        RedisStore::builder(server.url())
-            .local_clock_for_tests()
-            .jitter(Duration::ZERO)
-            .build()
-            .unwrap()
-    };
+    let make = || common::redis::exact_store(server);
     let (a, b) = (make(), make());
     let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
     let limits = Limits::new().with_max_in_flight(Some(4));
@@ -465,13 +459,7 @@ async fn with_one_slot_a_process_that_released_it_yields_it_to_a_waiting_one() {
     let Some(server) = common::redis::shared() else {
         return;
     };
-    let make = || {
-        RedisStore::builder(server.url())
-            .local_clock_for_tests()
-            .jitter(Duration::ZERO)
-            .build()
-            .unwrap()
-    };
+    let make = || common::redis::exact_store(server);
     let (a, b) = (make(), make());
     let id = ScopeId::from_u128(uuid::Uuid::new_v4().as_u128());
     let limits = Limits::new().with_max_in_flight(Some(1));

@@ -8,15 +8,9 @@ mod store_conformance;
 
 use reqwest_throttle::store::RedisStore;
 
-/// A store for the conformance checks: exact (tokio clock, no jitter, no timer), on the
-/// binary's shared server.
+/// A store for the conformance checks: exact on paused time, on the binary's shared server.
 fn conformance_store() -> RedisStore {
-    let server = common::redis::shared().expect("checked by `ready`");
-    RedisStore::builder(server.url())
-        .local_clock_for_tests()
-        .jitter(std::time::Duration::ZERO)
-        .build()
-        .expect("a valid URL")
+    common::redis::exact_store(common::redis::shared().expect("checked by `ready`"))
 }
 
 store_conformance!(

@@ -136,6 +136,16 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A store on `server` whose answers are exact on paused tokio time: the tokio clock instead
+/// of Redis's `TIME`, no jitter, no timer of its own.
+pub fn exact_store(server: &RedisServer) -> reqwest_throttle::store::RedisStore {
+    reqwest_throttle::store::RedisStore::builder(server.url())
+        .local_clock_for_tests()
+        .jitter(Duration::ZERO)
+        .build()
+        .expect("a valid URL")
+}
+
 /// The test binary's shared server, started on first use; `None` (skip) without
 /// `redis-server`.
 pub fn shared() -> Option<&'static RedisServer> {
