@@ -19,24 +19,9 @@ use governor::Quota;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_throttle::{Scope, Throttle};
 
-/// Answers every request at once with a 2-byte body.
-struct Answer;
-
-#[async_trait::async_trait]
-impl reqwest_middleware::Middleware for Answer {
-    async fn handle(
-        &self,
-        _req: reqwest::Request,
-        _extensions: &mut http::Extensions,
-        _next: reqwest_middleware::Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        let response = http::Response::builder()
-            .header("content-length", "2")
-            .body(reqwest::Body::from("ok"))
-            .expect("a valid response");
-        Ok(reqwest::Response::from(response))
-    }
-}
+#[path = "common/answer.rs"]
+mod answer;
+use answer::Answer;
 
 /// In-flight cap, a sliding window and a token bucket, none of which binds.
 fn all_limits() -> Throttle {
