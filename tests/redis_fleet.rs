@@ -227,6 +227,27 @@ async fn every_key_has_an_expiry() {
     }
 }
 
+#[tokio::test]
+async fn a_report_of_tokens_remaining_costs_no_round_trip_without_a_token_window() {
+    let Some(server) = common::redis::shared() else {
+        return;
+    };
+    let store = RedisStore::new(server.url()).unwrap();
+    let limits = Limits::new().with_window(reqwest_throttle::store::WindowQuota::new(
+        std::num::NonZeroU32::new(10).unwrap(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    ));
+    let scope = store.open(ScopeId::from_u128(uuid::Uuid::new_v4().as_u128()), &limits);
+    let Admission::Admitted(lease) = store.admit(&scope, 1).await.unwrap() else {
+        panic!("a fresh scope admits");
+    };
+    let before = store.commands();
+    let report = reqwest_throttle::store::Settlement::tokens_remaining(0);
+    store.settle(&scope, lease, report).await.unwrap();
+    assert_eq!(store.commands(), before, "no token window: nothing to send");
+}
+
 /// The child side of the tests below: runs only when the parent sets the role.
 #[test]
 fn child_process() {

@@ -788,7 +788,11 @@ impl Store for RedisStore {
             id => st.charge_of(&limits, id, settlement.actual.is_some()),
         };
         let settling = settlement.actual.is_some() && estimate.is_some();
-        if !settling && settlement.tokens_remaining.is_none() {
+        // A report of tokens remaining concerns only token windows: without one, an API that
+        // reports tokens on every answer costs no round trip.
+        let tokens = settlement.tokens_remaining.is_some()
+            && limits.windows.iter().any(|w| w.unit == super::Unit::Tokens);
+        if !settling && !tokens {
             return Ok(());
         }
         if !self.shared.health.may_ask(Instant::now()) {
