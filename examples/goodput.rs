@@ -61,7 +61,7 @@ use upstream::{
 const USAGE: &str = "usage: goodput [--json] [--target gateway|nginx|both] [-n REQUESTS] \
                      [--agents N] [--runs K] [--clients plain,retry,careful,throttle,learned,warm] \
                      [--nginx-burst B] [--nginx-port P] [--gateway-epoch-reset] \
-                     [--svg DIR | --no-svg]";
+                     [--svg DIR | --no-svg] [--events]";
 
 const CLIENTS: [&str; 6] = ["plain", "retry", "careful", "throttle", "learned", "warm"];
 
@@ -82,6 +82,9 @@ struct Args {
     nginx_port: u16,
     /// The gateway reports its window on every answer, its reset in whole epoch seconds.
     gateway_epoch_reset: bool,
+    /// Print the learned and warm clients' events (refusals, cooldowns, limits learned),
+    /// each with its time from the run's start, to standard error.
+    events: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -97,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
         svg: Some("target/goodput".into()),
         nginx_port: 18080,
         gateway_epoch_reset: false,
+        events: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -118,6 +122,7 @@ fn parse_args() -> Result<Args, String> {
             "--no-svg" => a.svg = None,
             "--nginx-port" => a.nginx_port = number(value()?)?.clamp(1, 65534) as u16,
             "--gateway-epoch-reset" => a.gateway_epoch_reset = true,
+            "--events" => a.events = true,
             "--clients" => {
                 let v = value()?;
                 a.clients = Vec::new();
@@ -322,6 +327,10 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
     let failures = Arc::new(AtomicUsize::new(0));
     let n = args.requests;
     let started = Instant::now();
+    let printer = learner
+        .as_ref()
+        .filter(|_| args.events)
+        .map(|t| print_events(t, client_name, started));
     let sampler = {
         let counter = counter.0.clone();
         tokio::spawn(async move {
@@ -384,6 +393,9 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
     }
     let wall_s = started.elapsed().as_secs_f64();
     sampler.abort();
+    if let Some(p) = printer {
+        p.abort();
+    }
     counter.0.timeline.sample(started, Instant::now());
     if let Some(t) = learner {
         let learned = t.learned_all();
@@ -413,6 +425,28 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
         limit_parallel: server.parallel,
         samples: counter.0.timeline.samples(),
     }
+}
+
+/// Prints `throttle`'s events to standard error, each with its time from `started`.
+fn print_events(
+    throttle: &Throttle,
+    client_name: &'static str,
+    started: Instant,
+) -> tokio::task::JoinHandle<()> {
+    let mut events = throttle.events();
+    tokio::spawn(async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            match events.recv().await {
+                Ok(e) => eprintln!(
+                    "{client_name} {:9.3} s {e:?}",
+                    started.elapsed().as_secs_f64()
+                ),
+                Err(RecvError::Lagged(n)) => eprintln!("{client_name} {n} events lost"),
+                Err(RecvError::Closed) => break,
+            }
+        }
+    })
 }
 
 /// Busy time of the workload: four chat answers for every streamed one.

@@ -289,13 +289,9 @@ impl<'a> Call<'a> {
         // the other callers: waiting does not change it.
         let is_final = matches!(decision, Decision::Stop(StopReason::Final { .. }));
         let max_wait = self.throttle.policy.max_server_wait;
-        self.cooldown = cooldown(status, &hints, max_wait)
+        self.cooldown = cooldown(status, &hints, max_wait, read_at)
             .filter(|_| !is_final)
-            // A success's pause on `remaining: 0`: from the earliest the reset can be.
-            .map(|d| match status.is_success() {
-                true => crate::learn::reset::earliest(d, read_at),
-                false => d.min(cooldown_cap.unwrap_or(d)),
-            })
+            .map(|d| d.min(cooldown_cap.unwrap_or(d)))
             .filter(|d| !d.is_zero());
         if let Some(d) = self.cooldown {
             tracing::debug!(status = status.as_u16(), cooldown = ?d, "shared cooldown closed");

@@ -160,22 +160,22 @@ async fn a_warm_start_paces_from_the_first_request() {
     assert!(cold.stats().responses_429 > 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_window_server_teaches_its_limit_and_window() {
-    // At most 30 admitted in any 3 s; a refusal says when the oldest leaves (reset_at, here
-    // as seconds from now) and the cooldown waits for it.
-    let window = Duration::from_secs(3);
+/// At most `limit` admitted in any `window`; a refusal says when the oldest leaves
+/// (`reset_at`, here as seconds from now) and the cooldown waits for it. The instants of its
+/// refusals go to `refused`.
+fn sliding_window(limit: usize, window: Duration, refused: Arc<Mutex<Vec<Instant>>>) -> FakeServer {
     let log = Mutex::new(std::collections::VecDeque::<Instant>::new());
-    let server = FakeServer::new(move |_, _| {
+    FakeServer::new(move |_, _| {
         let now = Instant::now();
         let mut log = log.lock().unwrap();
         while log.front().is_some_and(|&t| t + window <= now) {
             log.pop_front();
         }
-        if log.len() < 30 {
+        if log.len() < limit {
             log.push_back(now);
             return status(200);
         }
+        refused.lock().unwrap().push(now);
         let reset = (log[0] + window - now).as_secs_f64();
         let reset = format!("{reset:.3}");
         json(
@@ -187,13 +187,27 @@ async fn a_window_server_teaches_its_limit_and_window() {
             "{}",
         )
     })
-    .with_delay(SERVICE);
+    .with_delay(SERVICE)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_server_teaches_its_limit_and_window() {
+    let window = Duration::from_secs(3);
+    let server = sliding_window(30, window, Arc::default());
     let throttle = learner(10);
     run(&server.client(&throttle), 100, 20).await;
     let learned = throttle.learned(LABEL).unwrap().window.unwrap();
     assert_eq!(learned.limit, 30);
-    let error = learned.window.abs_diff(window);
-    assert!(error <= Duration::from_millis(10), "{learned:?}");
+    // The reset, in seconds from when the server decided, is read one answer's delay later:
+    // the learned window is longer by that much (the margin between sending and counting).
+    assert!(
+        learned.window >= window && learned.window <= window + SERVICE + Duration::from_millis(2),
+        "{learned:?}"
+    );
+    // Learned mid-run from the first refusal, the window paces the rest of the run counting
+    // the sends already made: the sends in flight when it came were the only refusals.
+    let refused = throttle.stats().responses_429;
+    assert!((1..=10).contains(&refused), "{refused} refusals");
 }
 
 #[tokio::test(start_paused = true)]
@@ -434,6 +448,33 @@ async fn limits_learned_events_tell_each_change_of_the_rate_and_end_at_what_was_
         learned.last(),
         Some(&(now.rate, now.burst, now.max_in_flight))
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_learned_mid_run_counts_the_sends_already_made() {
+    // 15 sends at 0 s, 15 at 1.5 s, then a burst refused at 1.5 s: the window (30 per 3 s)
+    // is learned then. At the reset (3 s) only the first 15 have left the server's window: a
+    // learned window started empty would send 30 and see 15 refused.
+    let window = Duration::from_secs(3);
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let server = sliding_window(30, window, refused.clone());
+    let throttle = learner(20);
+    let client = server.client(&throttle);
+    let t0 = Instant::now();
+    run(&client, 15, 15).await;
+    tokio::time::sleep_until(t0 + Duration::from_millis(1_500)).await;
+    run(&client, 15, 15).await;
+    run(&client, 40, 20).await;
+    let learned = throttle.learned(LABEL).unwrap().window.unwrap();
+    assert_eq!(learned.limit, 30);
+    let refused = refused.lock().unwrap().clone();
+    assert!(!refused.is_empty());
+    let late: Vec<Duration> = refused
+        .iter()
+        .map(|&t| t - t0)
+        .filter(|&d| d > Duration::from_secs(2))
+        .collect();
+    assert_eq!(late, [], "refused after the window was learned");
 }
 
 /// A fixed window of `limit` requests per `window` from the first request, reporting

@@ -109,7 +109,8 @@ impl<S: Store> Slot<S> {
         }
         if let Some((limits, _)) = &learned.limits {
             tracing::debug!(scope = %self.label, ?limits, "learned limits");
-            if let Err(e) = self.set_limits(limits).await {
+            let sent: Vec<Instant> = learned.sent.iter().map(|&t| Instant::from_std(t)).collect();
+            if let Err(e) = self.set_limits(limits, &sent).await {
                 tracing::warn!(scope = %self.label, error = ?e, "learned limits not applied");
             }
         }

@@ -241,13 +241,22 @@ impl<S: Store> Slot<S> {
         }
     }
 
-    /// Takes new limits. Leases held stay held; waiters try again at once. (Driven by the
-    /// learned limits.)
-    pub(crate) async fn set_limits(&self, limits: &Limits) -> Result<(), Refused> {
-        self.store
-            .set_limits(&self.state, limits)
-            .await
-            .map_err(Refused::Store)?;
+    /// Takes new limits; sliding windows they add count the sends made at `sent` (see
+    /// [`Store::set_limits_counting`]). Leases held stay held; waiters try again at once.
+    /// (Driven by the learned limits.)
+    pub(crate) async fn set_limits(
+        &self,
+        limits: &Limits,
+        sent: &[Instant],
+    ) -> Result<(), Refused> {
+        let stored = if sent.is_empty() {
+            self.store.set_limits(&self.state, limits).await
+        } else {
+            self.store
+                .set_limits_counting(&self.state, limits, sent)
+                .await
+        };
+        stored.map_err(Refused::Store)?;
         let cap = limits.max_in_flight.unwrap_or(usize::MAX);
         self.max_in_flight.store(cap, Ordering::Relaxed);
         let capacity = limits.capacity().unwrap_or(u32::MAX);

@@ -52,7 +52,7 @@ async fn a_larger_in_flight_cap_admits_waiters_at_once() {
         .collect();
     tokio::task::yield_now().await;
     assert_eq!(slot.available_permits(), Some(0));
-    slot.set_limits(&Limits::new().with_max_in_flight(Some(3)))
+    slot.set_limits(&Limits::new().with_max_in_flight(Some(3)), &[])
         .await
         .unwrap();
     for w in waiters {
@@ -75,7 +75,7 @@ async fn a_smaller_cap_revokes_nothing_and_admits_once_below_it() {
                 .unwrap(),
         );
     }
-    slot.set_limits(&Limits::new().with_max_in_flight(Some(1)))
+    slot.set_limits(&Limits::new().with_max_in_flight(Some(1)), &[])
         .await
         .unwrap();
     let waiter = tokio::spawn({
@@ -115,7 +115,7 @@ async fn a_grown_window_wakes_a_waiter_before_its_planned_time() {
         }
     });
     tokio::time::sleep(5 * S).await;
-    slot.set_limits(&Limits::new().with_window(window(2, 60 * S)))
+    slot.set_limits(&Limits::new().with_window(window(2, 60 * S)), &[])
         .await
         .unwrap();
     assert_eq!(waiter.await.unwrap(), Ok(t0 + 5 * S));
@@ -139,7 +139,7 @@ async fn a_waiter_whose_cost_no_longer_fits_is_refused() {
         }
     });
     tokio::time::sleep(S).await;
-    slot.set_limits(&Limits::new().with_window(window(5, 60 * S)))
+    slot.set_limits(&Limits::new().with_window(window(5, 60 * S)), &[])
         .await
         .unwrap();
     let refused = waiter.await.unwrap().unwrap_err();
@@ -273,7 +273,7 @@ mod resize_under_load {
                             log.cap = r.cap;
                             log.limit = r.limit;
                         }
-                        slot.set_limits(&limits(r.cap, r.limit)).await.unwrap();
+                        slot.set_limits(&limits(r.cap, r.limit), &[]).await.unwrap();
                     }
                 }
             });

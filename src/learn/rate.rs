@@ -137,18 +137,28 @@ impl RateModel {
         self.base + self.log.len() as u64
     }
 
-    /// When send `seq` was made, and how many sends before it were admitted or are still
-    /// unanswered; `None` when it is no longer logged.
-    pub(crate) fn before(&self, seq: u64) -> Option<(Instant, u32)> {
-        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
-        let at = self.log.get(i)?.at;
-        let admitted = self
-            .log
+    /// How many of the sends numbered below `before` were admitted, once every one of them is
+    /// answered: `None` while one is not, `Some(None)` when some of them are no longer logged.
+    pub(crate) fn admitted_before(&self, before: u64) -> Option<Option<u32>> {
+        if self.base > 0 {
+            return Some(None);
+        }
+        let n = usize::try_from(before).unwrap_or(usize::MAX);
+        let sends = self.log.iter().take(n);
+        if sends.clone().any(|e| e.seen == Seen::Pending) {
+            return None;
+        }
+        let admitted = sends.filter(|e| e.seen == Seen::Admitted).count();
+        Some(Some(u32::try_from(admitted).unwrap_or(u32::MAX)))
+    }
+
+    /// The instants of the logged sends the server counts or may count (admitted, or not
+    /// answered yet), oldest first.
+    pub(crate) fn counted_sends(&self) -> impl Iterator<Item = Instant> + '_ {
+        self.log
             .iter()
-            .take(i)
             .filter(|e| matches!(e.seen, Seen::Admitted | Seen::Pending))
-            .count();
-        Some((at, u32::try_from(admitted).unwrap_or(u32::MAX)))
+            .map(|e| e.at)
     }
 
     /// Records what became of send `seq` (answered at `now`). Returns the new pace when this

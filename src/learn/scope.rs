@@ -11,7 +11,7 @@ use super::rate::{Bucket, RateModel, Seen};
 use super::window::WindowModel;
 use super::{LearnConfig, LearnedLimits, RetryAfterPolicy};
 use crate::headers::{Hints, LimitKind};
-use crate::store::{Limits, WindowQuota};
+use crate::store::{Limits, Unit, WindowQuota};
 
 /// One attempt's answer, as the learner sees it.
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +42,9 @@ pub(crate) struct Learned {
     pub(crate) cooldown_cap: Option<Duration>,
     /// The change this answer made to the circuit, if any.
     pub(crate) circuit: Option<Change>,
+    /// When [`limits`](Self::limits) adds a learned window: the sends already made that it
+    /// counts (oldest first), so that it does not start empty mid-run.
+    pub(crate) sent: Vec<Instant>,
 }
 
 /// The learned values a scope's limits hold now, as in [`LearnedLimits`].
@@ -54,6 +57,15 @@ pub(crate) struct InForce {
     /// The in-flight cap in force (learned, at most the configured one).
     pub(crate) max_in_flight: Option<usize>,
 }
+
+/// What [`ScopeLearner::limits`] is made of: the rate model's pace, the pace from headers,
+/// the in-flight cap and the learned window.
+type Paces = (
+    Option<Bucket>,
+    Option<Bucket>,
+    Option<usize>,
+    Option<super::LearnedWindow>,
+);
 
 /// One scope's estimators and breaker.
 #[derive(Debug)]
@@ -72,6 +84,9 @@ pub(crate) struct ScopeLearner {
     aimd: Option<Aimd>,
     /// The pace from the server's latest remaining and reset (see [`pace`](super::pace)).
     header_pace: Option<Bucket>,
+    /// The server has reported a reset (a window server): its refusals say nothing of a
+    /// token bucket, even one whose reset came too late to be read (already past).
+    resets: bool,
     /// Parallel-limit refusals of sends numbered below this were sent before the cap was last
     /// lowered: the same episode, not lowered again.
     aimd_episode_end: u64,
@@ -105,6 +120,7 @@ impl ScopeLearner {
             warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
             aimd,
             header_pace: None,
+            resets: false,
             aimd_episode_end: 0,
             breaker: config.breaker.map(Breaker::new),
         }
@@ -119,10 +135,11 @@ impl ScopeLearner {
         if let Some(a) = &self.aimd {
             limits.max_in_flight = Some(a.cap());
         }
-        if let Some(w) = self.warm_window {
+        if let Some(w) = self.window.learned.or(self.warm_window) {
             if let Some(limit) = NonZeroU32::new(w.limit) {
-                let guard = limits.bucket_guard;
-                limits = limits.with_window(WindowQuota::new(limit, w.window, guard));
+                // The learned length already holds a round trip of margin (see `window`).
+                let quota = WindowQuota::new(limit, w.window, Duration::ZERO);
+                limits = limits.with_window(quota.with_unit(Unit::Requests));
             }
         }
         if let Some(pace) = slower(self.rate.pace, self.header_pace) {
@@ -174,6 +191,8 @@ impl ScopeLearner {
         let hints = a.hints.unwrap_or(&none);
         let mut out = Learned::default();
         let before = self.paces();
+        self.resets |=
+            hints.reset_after.is_some() || hints.allowances().any(|a| a.reset_after.is_some());
         let (seen, result) = match a.status {
             None => (Seen::Unknown, breaker::Result::Failure { asked: None }),
             Some(s) if s.is_server_error() => (
@@ -183,7 +202,7 @@ impl ScopeLearner {
                 },
             ),
             Some(StatusCode::TOO_MANY_REQUESTS) => {
-                (self.refusal(hints, a.seq), breaker::Result::Refused)
+                (self.refusal(hints, &a), breaker::Result::Refused)
             }
             Some(_) => (Seen::Admitted, breaker::Result::Success),
         };
@@ -215,18 +234,34 @@ impl ScopeLearner {
             // An answer without a request allowance lifts the pace; a transport error keeps it.
             self.header_pace = self.pace_from(hints, &a);
         }
+        if self.settle_window() && self.warm_window.is_none() {
+            out.sent = self.rate.counted_sends().collect();
+        }
         if self.paces() != before {
             out.limits = Some((self.limits(), self.in_force()));
         }
         out
     }
 
+    /// Learns the window of a window refusal once the sends made before it are answered;
+    /// whether it was learned now.
+    fn settle_window(&mut self) -> bool {
+        let Some(before) = self.window.waiting_for() else {
+            return false;
+        };
+        match self.rate.admitted_before(before) {
+            Some(admitted) => self.window.settle(admitted).is_some(),
+            None => false,
+        }
+    }
+
     /// What [`limits`](Self::limits) is made of, to tell whether an answer changed it.
-    fn paces(&self) -> (Option<Bucket>, Option<Bucket>, Option<usize>) {
+    fn paces(&self) -> Paces {
         (
             self.rate.pace,
             self.header_pace,
             self.aimd.as_ref().map(Aimd::cap),
+            self.window.learned,
         )
     }
 
@@ -253,14 +288,18 @@ impl ScopeLearner {
     }
 
     /// Feeds a 429 to the model it concerns; what the rate model should log.
-    fn refusal(&mut self, hints: &Hints, seq: u64) -> Seen {
+    fn refusal(&mut self, hints: &Hints, a: &Answer<'_>) -> Seen {
         if !self.learn {
             return Seen::Unknown;
         }
         if hints.limit_kind == Some(LimitKind::Concurrency) {
             // Once per episode: the sends refused together were made at the old cap.
-            if let Some(a) = self.aimd.as_mut().filter(|_| seq >= self.aimd_episode_end) {
-                a.refused();
+            if let Some(aimd) = self
+                .aimd
+                .as_mut()
+                .filter(|_| a.seq >= self.aimd_episode_end)
+            {
+                aimd.refused();
                 self.aimd_episode_end = self.rate.next_seq();
             }
             return Seen::Unknown;
@@ -273,9 +312,9 @@ impl ScopeLearner {
                 .find_map(|a| a.reset_after)
         });
         if let Some(reset) = reset {
-            if let Some((sent, admitted)) = self.rate.before(seq) {
-                self.window.refused(reset, sent, admitted);
-            }
+            self.window.refused(a.now, reset, self.rate.next_seq());
+        }
+        if self.resets {
             return Seen::Unknown;
         }
         Seen::Refused
@@ -377,6 +416,74 @@ mod tests {
             in_flight,
             status: Some(StatusCode::OK),
             hints,
+            probe: false,
+        })
+    }
+
+    /// A 429 for send `seq` with `hints`, answered at `now`.
+    fn refusal(l: &mut ScopeLearner, seq: u64, now: Instant, hints: &Hints) -> Learned {
+        l.answered(Answer {
+            seq,
+            now,
+            read_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
+            in_flight: 0,
+            status: Some(StatusCode::TOO_MANY_REQUESTS),
+            hints: Some(hints),
+            probe: false,
+        })
+    }
+
+    #[test]
+    fn a_window_server_refusal_without_a_reset_teaches_no_token_bucket() {
+        let mut l = learner(true);
+        let t0 = Instant::now();
+        let window = Hints {
+            reset_after: Some(Duration::from_secs(3)),
+            ..Hints::default()
+        };
+        // A reset already past when read is no hint: only the Retry-After is left.
+        let late = Hints {
+            retry_after: Some(Duration::from_secs(3)),
+            ..Hints::default()
+        };
+        let seqs: Vec<u64> = (0..6)
+            .map(|i| l.sent(t0 + Duration::from_millis(i)))
+            .collect();
+        for &q in &seqs[..4] {
+            answer_sent(&mut l, q, t0);
+        }
+        refusal(&mut l, seqs[4], t0 + Duration::from_millis(10), &window);
+        let after = refusal(&mut l, seqs[5], t0 + Duration::from_millis(20), &late);
+        assert_eq!(l.rate.episodes, 0);
+        assert_eq!(l.rate.pace, None);
+        // The window was learned (4 admitted), and added to the limits with its sends.
+        let learned = l.window.learned.unwrap();
+        assert_eq!(learned.limit, 4);
+        let (limits, _) = after.limits.unwrap();
+        assert_eq!(limits.windows.len(), 1);
+        assert_eq!(
+            after.sent.len(),
+            4,
+            "the admitted sends, to count in the window"
+        );
+        // Without a reset seen first, the same refusal is a token bucket's.
+        let mut fresh = learner(true);
+        let seqs: Vec<u64> = (0..3).map(|_| fresh.sent(t0)).collect();
+        answer_sent(&mut fresh, seqs[0], t0);
+        answer_sent(&mut fresh, seqs[1], t0);
+        refusal(&mut fresh, seqs[2], t0, &late);
+        assert_eq!(fresh.rate.episodes, 1);
+    }
+
+    /// A 200 without hints for send `seq`.
+    fn answer_sent(l: &mut ScopeLearner, seq: u64, now: Instant) -> Learned {
+        l.answered(Answer {
+            seq,
+            now,
+            read_at: SystemTime::UNIX_EPOCH,
+            in_flight: 0,
+            status: Some(StatusCode::OK),
+            hints: None,
             probe: false,
         })
     }

@@ -1,20 +1,39 @@
-//! A window server's limit, learned from its first refusal from idle: the requests sent before
-//! the refused one and admitted are its limit, and the time from the first of them to the
-//! reset it reported (from the refused send) is its window (a sliding window's oldest send
-//! leaves it then).
+//! A window server's limit, learned from its first refusal from idle.
 //!
-//! Learned for export and warm starts; during a run the refusal's reset closes the scope's
-//! cooldown exactly, which a local window started empty mid-run could not improve on.
+//! A sliding-window server refuses once the window holds its limit, and reports when its
+//! oldest send leaves (the reset). From idle the oldest is the scope's first send, so:
+//! - the window's length is the time from the first send to the reset, as read when the
+//!   refusal came (the server's window plus one round trip: the margin the local window needs
+//!   between when this client sends and when the server counts);
+//! - its limit is the number of sends admitted among those made before the refusal came, once
+//!   every one of them is answered (a send still unanswered may yet be refused).
+//!
+//! The learned window paces the scope from then on, counting the sends already made (see
+//! [`ScopeLearner`](super::ScopeLearner)), and is exported for warm starts.
+//!
+//! A scope that ran under the limit for longer than a window before its first refusal learns
+//! a longer window and a larger limit (the same average rate, a larger burst); the server's
+//! refusals and resets still pace it.
 
 use std::time::{Duration, Instant};
 
 use super::LearnedWindow;
+
+/// A refusal waiting for the sends made before it to be answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Candidate {
+    /// Sends numbered below this were made before the refusal came.
+    before: u64,
+    /// When the server said its oldest send leaves.
+    reset_at: Instant,
+}
 
 /// The window model of one scope.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct WindowModel {
     /// The first send of the scope (from idle).
     first: Option<Instant>,
+    candidate: Option<Candidate>,
     pub(crate) learned: Option<LearnedWindow>,
 }
 
@@ -24,21 +43,31 @@ impl WindowModel {
         self.first.get_or_insert(at);
     }
 
-    /// A window refusal of a send made at `sent` after `admitted` admitted sends (or sends
-    /// not answered yet), whose limit resets `reset` after it. Returns the window when this
-    /// refusal taught it (the first one).
-    pub(crate) fn refused(
-        &mut self,
-        reset: Duration,
-        sent: Instant,
-        admitted: u32,
-    ) -> Option<LearnedWindow> {
-        if self.learned.is_some() || admitted == 0 {
-            return None;
+    /// A window refusal answered at `now`, saying the limit resets `reset` later; `before`:
+    /// the number the next send will have. Only the first refusal is kept.
+    pub(crate) fn refused(&mut self, now: Instant, reset: Duration, before: u64) {
+        if self.learned.is_some() || self.candidate.is_some() {
+            return;
         }
-        let first = self.first?;
-        let window = (sent + reset).saturating_duration_since(first);
-        if window.is_zero() {
+        self.candidate = Some(Candidate {
+            before,
+            reset_at: now + reset,
+        });
+    }
+
+    /// The sends numbered below the candidate's `before`, when it waits for them.
+    pub(crate) fn waiting_for(&self) -> Option<u64> {
+        self.candidate.map(|c| c.before)
+    }
+
+    /// Learns the window from the candidate refusal, given `admitted`: how many sends made
+    /// before it were admitted, every one of them answered (`None`: they are no longer
+    /// known, and the candidate is dropped). Returns the window when it was learned now.
+    pub(crate) fn settle(&mut self, admitted: Option<u32>) -> Option<LearnedWindow> {
+        let candidate = self.candidate.take()?;
+        let (first, admitted) = (self.first?, admitted?);
+        let window = candidate.reset_at.saturating_duration_since(first);
+        if admitted == 0 || window.is_zero() {
             return None;
         }
         let learned = LearnedWindow {
@@ -59,19 +88,30 @@ mod tests {
         let t0 = Instant::now();
         let mut w = WindowModel::default();
         w.sent(t0);
-        let sent = t0 + Duration::from_millis(300);
-        let learned = w.refused(Duration::from_millis(5_700), sent, 120).unwrap();
+        let answered = t0 + Duration::from_millis(300);
+        w.refused(answered, Duration::from_millis(5_700), 125);
+        assert_eq!(w.waiting_for(), Some(125));
+        // Later refusals teach nothing more.
+        w.refused(answered, Duration::from_secs(1), 130);
+        assert_eq!(w.waiting_for(), Some(125));
+        let learned = w.settle(Some(120)).unwrap();
         assert_eq!(learned.limit, 120);
         assert_eq!(learned.window, Duration::from_secs(6));
-        // Later refusals teach nothing more.
-        assert_eq!(w.refused(Duration::from_secs(1), sent, 130), None);
+        assert_eq!(w.learned, Some(learned));
+        w.refused(answered, Duration::from_secs(1), 200);
+        assert_eq!(w.waiting_for(), None);
     }
 
     #[test]
-    fn nothing_without_an_admitted_send() {
+    fn nothing_without_an_admitted_send_or_a_known_log() {
         let t0 = Instant::now();
         let mut w = WindowModel::default();
         w.sent(t0);
-        assert_eq!(w.refused(Duration::from_secs(6), t0, 0), None);
+        w.refused(t0, Duration::from_secs(6), 1);
+        assert_eq!(w.settle(Some(0)), None);
+        // The next refusal may teach.
+        w.refused(t0, Duration::from_secs(6), 3);
+        assert_eq!(w.settle(None), None);
+        assert_eq!(w.learned, None);
     }
 }

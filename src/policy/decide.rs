@@ -1,6 +1,6 @@
 //! The retry decision: a pure function of the answer, the request and the policy.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 use rand::Rng;
@@ -444,10 +444,19 @@ pub(crate) fn is_refusal(status: StatusCode, hints: &Hints) -> bool {
 ///   until that reset (proactive pausing; the latest, if several are used up). The parser
 ///   already drops a `remaining` above its `limit`.
 ///
+/// A used-up allowance's reset that falls on a whole second (read at wall-clock `read_at`) is
+/// taken from the earliest it can be ([`reset::earliest`](crate::learn::reset::earliest):
+/// rounded up by the server, up to 1 s late); a refusal's own reset is taken as stated.
+///
 /// A `Retry-After` on a success does not close it. A wait longer than `max_wait` closes
 /// nothing: no caller is held that long in silence; each goes and receives the server's own
 /// answer (a refusal it returns at once, with the wait it asks for).
-pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) -> Option<Duration> {
+pub(crate) fn cooldown(
+    status: StatusCode,
+    hints: &Hints,
+    max_wait: Duration,
+    read_at: SystemTime,
+) -> Option<Duration> {
     let refused = if is_refusal(status, hints) {
         match hints.limit_kind {
             Some(LimitKind::Requests | LimitKind::Tokens) => window_wait(hints),
@@ -462,6 +471,7 @@ pub(crate) fn cooldown(status: StatusCode, hints: &Hints, max_wait: Duration) ->
         .allowances()
         .filter(|a| a.remaining == Some(0))
         .filter_map(|a| a.reset_after)
+        .map(|d| crate::learn::reset::earliest(d, read_at))
         .max();
     refused.max(exhausted).filter(|&d| d <= max_wait)
 }
@@ -474,6 +484,12 @@ mod tests {
     use rand::SeedableRng;
 
     const S: Duration = Duration::from_secs(1);
+
+    /// A wall-clock read time a quarter second past a whole second: a reset of whole
+    /// seconds from it is not on a whole second; one of `n * 1000 + 750` ms is.
+    fn read_at() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250)
+    }
 
     fn policy(jitter: Jitter) -> RetryPolicy {
         RetryPolicy::new(6, Backoff::new(S, 60 * S), jitter, 120 * S)
@@ -539,7 +555,7 @@ mod tests {
         };
         assert_eq!(decide(403, &primary), retry(1), "no window wait: backoff");
         assert_eq!(
-            cooldown(StatusCode::FORBIDDEN, &primary, 120 * S),
+            cooldown(StatusCode::FORBIDDEN, &primary, 120 * S, read_at()),
             Some(30 * S)
         );
         // No signal: a refusal of access, final as before (accepted as the answer).
@@ -932,7 +948,7 @@ mod tests {
     fn cooldown_only_for_window_limits() {
         let max = 120 * S;
         let tmr = StatusCode::TOO_MANY_REQUESTS;
-        let c = |h: &Hints| cooldown(tmr, h, max);
+        let c = |h: &Hints| cooldown(tmr, h, max, read_at());
         assert_eq!(
             c(&hints(Some(LimitKind::Requests), Some(60), Some(8))),
             Some(8 * S)
@@ -954,7 +970,7 @@ mod tests {
             Some(max)
         );
         let ok = hints(Some(LimitKind::Requests), Some(60), Some(8));
-        assert_eq!(cooldown(StatusCode::OK, &ok, max), None);
+        assert_eq!(cooldown(StatusCode::OK, &ok, max, read_at()), None);
     }
 
     #[test]
@@ -970,7 +986,7 @@ mod tests {
         };
         let none_left = tokens(Some(0), Some(20 * S));
         let some_left = tokens(Some(900), Some(30 * S));
-        let c = |h: &Hints| cooldown(StatusCode::OK, h, max);
+        let c = |h: &Hints| cooldown(StatusCode::OK, h, max, read_at());
         assert_eq!(c(&with(Some(none_left), None, None)), Some(20 * S));
         assert_eq!(c(&with(None, Some(none_left), None)), Some(20 * S));
         assert_eq!(c(&with(None, None, Some(none_left))), Some(20 * S));
@@ -988,20 +1004,28 @@ mod tests {
             ..Hints::default()
         };
         assert_eq!(
-            cooldown(StatusCode::OK, &with(Some(0), Some(9 * S)), max),
+            cooldown(StatusCode::OK, &with(Some(0), Some(9 * S)), max, read_at()),
             Some(9 * S)
         );
         assert_eq!(
-            cooldown(StatusCode::OK, &with(Some(0), Some(900 * S)), max),
+            cooldown(
+                StatusCode::OK,
+                &with(Some(0), Some(900 * S)),
+                max,
+                read_at()
+            ),
             None
         );
         assert_eq!(
-            cooldown(StatusCode::OK, &with(Some(1), Some(9 * S)), max),
+            cooldown(StatusCode::OK, &with(Some(1), Some(9 * S)), max, read_at()),
             None
         );
-        assert_eq!(cooldown(StatusCode::OK, &with(Some(0), None), max), None);
         assert_eq!(
-            cooldown(StatusCode::OK, &with(None, Some(9 * S)), max),
+            cooldown(StatusCode::OK, &with(Some(0), None), max, read_at()),
+            None
+        );
+        assert_eq!(
+            cooldown(StatusCode::OK, &with(None, Some(9 * S)), max, read_at()),
             None
         );
         // The later of a 429's reset and the allowance's reset.
@@ -1009,8 +1033,28 @@ mod tests {
         both.limit_kind = Some(LimitKind::Requests);
         both.reset_after = Some(5 * S);
         assert_eq!(
-            cooldown(StatusCode::TOO_MANY_REQUESTS, &both, max),
+            cooldown(StatusCode::TOO_MANY_REQUESTS, &both, max, read_at()),
             Some(5 * S)
+        );
+    }
+
+    #[test]
+    fn a_used_up_allowance_reset_on_a_whole_second_is_taken_from_its_earliest() {
+        let ms = Duration::from_millis;
+        let max = 120 * S;
+        // 0 remaining, reset at the next whole second but one (1750 ms from a read at .250):
+        // the true reset may be up to 1 s earlier.
+        let mut h = Hints {
+            requests: Some(Allowance::new(Some(120), Some(0), Some(ms(1_750)))),
+            ..Hints::default()
+        };
+        assert_eq!(cooldown(StatusCode::OK, &h, max, read_at()), Some(ms(750)));
+        // A refusal's own exact reset wins over the rounded one.
+        h.limit_kind = Some(LimitKind::Requests);
+        h.reset_after = Some(ms(1_234));
+        assert_eq!(
+            cooldown(StatusCode::TOO_MANY_REQUESTS, &h, max, read_at()),
+            Some(ms(1_234))
         );
     }
 }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{
     Admission, LeaseId, Limits, MemoryScope, MemoryStore, QuotaUsage, ScopeId, Settlement, Store,
     StoreError,
@@ -101,6 +103,17 @@ impl Store for Backend {
 
     async fn set_limits(&self, scope: &BackendScope, limits: &Limits) -> Result<(), StoreError> {
         each!(self, scope, |s, sc| s.set_limits(sc, limits).await)
+    }
+
+    async fn set_limits_counting(
+        &self,
+        scope: &BackendScope,
+        limits: &Limits,
+        sent: &[Instant],
+    ) -> Result<(), StoreError> {
+        each!(self, scope, |s, sc| s
+            .set_limits_counting(sc, limits, sent)
+            .await)
     }
 
     async fn settle(

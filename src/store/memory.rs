@@ -145,10 +145,19 @@ impl Store for MemoryStore {
     }
 
     async fn set_limits(&self, scope: &MemoryScope, limits: &Limits) -> Result<(), StoreError> {
+        self.set_limits_counting(scope, limits, &[]).await
+    }
+
+    async fn set_limits_counting(
+        &self,
+        scope: &MemoryScope,
+        limits: &Limits,
+        sent: &[Instant],
+    ) -> Result<(), StoreError> {
         let mut state = lock(&scope.state);
         state.max_in_flight = limits.max_in_flight;
         state.smallest = limits.smallest_quota();
-        state.quotas.resize(limits);
+        state.quotas.resize(limits, sent, Instant::now());
         Ok(())
     }
 

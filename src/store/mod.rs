@@ -21,6 +21,8 @@ use std::future::Future;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 pub use any::{Backend, BackendScope};
 pub use memory::{MemoryScope, MemoryStore};
 #[cfg(feature = "redis")]
@@ -381,6 +383,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         scope: &Self::Scope,
         limits: &Limits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Replaces the scope's limits as [`set_limits`](Self::set_limits) does, and counts the
+    /// requests sent at `sent` (instants, oldest first, one request each) in the sliding
+    /// windows `limits` adds to the scope's (by position, past the windows it has; windows
+    /// counting [`Unit::Tokens`] excepted), as far as they still fall in them. A window learned
+    /// mid-run so starts with the sends already made rather than empty (which would admit a
+    /// whole window's worth at once).
+    ///
+    /// The default ignores `sent`: added windows start empty.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot answer.
+    fn set_limits_counting(
+        &self,
+        scope: &Self::Scope,
+        limits: &Limits,
+        sent: &[Instant],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = sent;
+        self.set_limits(scope, limits)
+    }
 
     /// Settles the charge made when `lease` was admitted, with what its answer says
     /// ([`Settlement`]). May come after the lease is released (a body read to its end). A

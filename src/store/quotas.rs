@@ -40,13 +40,14 @@ impl Quotas {
 
     /// Takes `limits` and keeps what was counted: a window keeps its log under its new limit
     /// and length; a bucket whose quota changed starts empty (governor's state cannot be
-    /// carried over; empty errs slow, never over). Added quotas start empty of sends.
-    pub(crate) fn resize(&mut self, limits: &Limits) {
+    /// carried over; empty errs slow, never over). Added buckets start full; added windows
+    /// count the requests sent at `sent` (oldest first) that are still in them at `now`.
+    pub(crate) fn resize(&mut self, limits: &Limits, sent: &[Instant], now: Instant) {
         self.windows.truncate(limits.windows.len());
         for (i, w) in limits.windows.iter().enumerate() {
             match self.windows.get_mut(i) {
                 Some(window) => window.resize(w),
-                None => self.windows.push(SlidingWindow::new(w)),
+                None => self.windows.push(SlidingWindow::counting(w, sent, now)),
             }
         }
         self.buckets.truncate(limits.buckets.len());
@@ -267,13 +268,13 @@ mod tests {
         let smaller = Limits::new()
             .with_window(window(2, 10))
             .with_bucket(governor::Quota::per_second(nz(10)));
-        quotas.resize(&smaller);
+        quotas.resize(&smaller, &[], t0);
         assert_eq!(quotas.try_admit(1, t0), Err(t0 + Duration::from_secs(10)));
         // Grown to 5: two more fit at once.
         let larger = Limits::new()
             .with_window(window(5, 10))
             .with_bucket(governor::Quota::per_second(nz(20)));
-        quotas.resize(&larger);
+        quotas.resize(&larger, &[], t0);
         tokio::time::advance(Duration::from_millis(50)).await;
         let t1 = Instant::now();
         // The changed bucket starts empty: one cell every 50 ms at 20 per second.

@@ -42,6 +42,30 @@ impl SlidingWindow {
         }
     }
 
+    /// A window that counts the requests sent at `sent` (oldest first, one each) that are
+    /// still in it at `now`; a window of [`Unit::Tokens`] counts none (a request's tokens are
+    /// not known).
+    pub(crate) fn counting(quota: &WindowQuota, sent: &[Instant], now: Instant) -> Self {
+        let mut window = Self::new(quota);
+        if window.unit == Unit::Tokens {
+            return window;
+        }
+        let mut sent: Vec<Instant> = sent
+            .iter()
+            .copied()
+            .filter(|&at| window.counts(at, now) && at <= now)
+            .collect();
+        sent.sort_unstable();
+        for at in sent {
+            window.used = window.used.saturating_add(1);
+            match window.log.back_mut() {
+                Some((last, units)) if *last == at => *units += 1,
+                _ => window.log.push_back((at, 1)),
+            }
+        }
+        window
+    }
+
     /// What the window counts.
     pub(crate) fn unit(&self) -> Unit {
         self.unit

@@ -734,8 +734,22 @@ impl Store for RedisStore {
     }
 
     async fn set_limits(&self, scope: &RedisScope, limits: &Limits) -> Result<(), StoreError> {
+        self.set_limits_counting(scope, limits, &[]).await
+    }
+
+    /// The local limits (used while Redis is unreachable) count `sent`; windows added in
+    /// Redis start empty.
+    async fn set_limits_counting(
+        &self,
+        scope: &RedisScope,
+        limits: &Limits,
+        sent: &[Instant],
+    ) -> Result<(), StoreError> {
         let st = &scope.state;
-        self.shared.memory.set_limits(&st.local, limits).await?;
+        self.shared
+            .memory
+            .set_limits_counting(&st.local, limits, sent)
+            .await?;
         let (old, keys) = {
             let mut guard = lock(&st.limits);
             let old = guard.0.buckets.clone();
