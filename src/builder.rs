@@ -489,10 +489,12 @@ impl ThrottleBuilder {
         self
     }
 
-    /// How long a learned pace must go without a refusal before it is raised by 10 %, to
-    /// find out whether the server allows more, when the rate is known for certain
-    /// (confidence 1); a less certain rate is probed sooner: after `clean × confidence²⁰`
-    /// (about a tenth of it at confidence 0.9).
+    /// How long a learned pace must be sent at without a refusal before it is raised by 10 %,
+    /// to find out whether the server allows more: for a pace whose rate the refusals have
+    /// pinned, or one loaded with [`Throttle::load_learned`](crate::Throttle::load_learned).
+    /// A pace that is still a guess (one refusal from idle draws a line, not a point) is
+    /// raised sooner: after the time its sends take to drain four of the largest bursts the
+    /// refusals allow, which is enough to show the server's rate is at least 3/4 of it.
     ///
     /// # Default
     /// 30 s.

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use reqwest_middleware::ClientWithMiddleware;
-use reqwest_throttle::{CircuitBreaker, CircuitState, Throttle, ThrottleError};
+use reqwest_throttle::{
+    CircuitBreaker, CircuitState, Event, RetryAfterPolicy, Throttle, ThrottleError,
+};
 use tokio::time::Instant;
 
 mod common;
@@ -123,6 +125,51 @@ async fn refusals_of_one_episode_count_once() {
         "{refused} {learned:?}"
     );
     assert!((2..=3).contains(&learned.episodes), "{learned:?}");
+}
+
+/// The waits of the cooldowns `throttle` closed while `n` requests ran against nginx(50, 20)
+/// (refusals with `Retry-After: 1`), probing upward after 1 s clean.
+async fn cooldowns_with(policy: RetryAfterPolicy, n: usize) -> Vec<Duration> {
+    let server = nginx(50.0, 20, true);
+    let throttle = Throttle::builder()
+        .max_in_flight(10)
+        .probe_after(Duration::from_secs(1))
+        .retry_after_policy(policy)
+        .jitter_seed(7)
+        .build()
+        .unwrap();
+    let mut events = throttle.events();
+    run(&server.client(&throttle), n, 40).await;
+    let mut waits = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        if let Event::CooldownClosed { wait, .. } = e {
+            waits.push(wait);
+        }
+    }
+    waits
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_learned_retry_after_policy_reopens_when_the_model_says_there_is_room() {
+    // Strict: every refusal closes the cooldown for its whole Retry-After.
+    let strict = cooldowns_with(RetryAfterPolicy::Strict, 600).await;
+    assert!(strict.len() >= 3, "{strict:?}");
+    assert!(
+        strict.iter().all(|&w| w == Duration::from_secs(1)),
+        "{strict:?}"
+    );
+    // Learned: once the rate is pinned, a refusal (of a probe above it) closes the cooldown
+    // for one learned interval (1/50 s), not 1 s.
+    let learned = cooldowns_with(RetryAfterPolicy::Learned, 600).await;
+    let cut: Vec<&Duration> = learned
+        .iter()
+        .filter(|&&w| w < Duration::from_millis(100))
+        .collect();
+    assert!(!cut.is_empty(), "{learned:?}");
+    assert!(
+        cut.iter().all(|&&w| w >= Duration::from_millis(18)),
+        "{learned:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

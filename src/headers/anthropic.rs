@@ -223,8 +223,8 @@ mod tests {
             (
                 "Tue, 14 Nov 2023 22:13:18 GMT",
                 "2023-11-14T22:13:20Z",
-                None,
-            ), // 2 s: noise
+                Some(0),
+            ), // 2 s: noise; reset now
             (
                 "Tue, 14 Nov 2023 23:13:20 GMT",
                 "2023-11-14T22:14:00Z",

@@ -4,8 +4,11 @@
 //!   the header: a value at or above [`EPOCH_MILLIS_THRESHOLD`] (10^12) is Unix epoch
 //!   milliseconds, one at or above [`EPOCH_SECONDS_THRESHOLD`] (10^9) is Unix epoch
 //!   seconds, anything smaller is seconds from now.
-//! * **Absolute resets** (epoch numbers, RFC 3339 stamps) that are not after `now`
-//!   are no hint (`None`): a stale time must not beat a relative `Retry-After`.
+//! * **Absolute resets** (epoch numbers, RFC 3339 stamps) that are not after `now` are
+//!   zero (the limit has reset: the answer spent that long in flight) when they are at most
+//!   [`MAX_UNNOTICED_SKEW`] past, and no hint (`None`) when older: a stale time must not
+//!   beat a relative `Retry-After`, and a reset just past must not let a `Retry-After` of a
+//!   whole window (the gateway's) stand in for it.
 //! * **Numeric resets** further ahead than [`MAX_RESET_AHEAD`] are no hint either: their
 //!   unit is inferred, so such a value is a misreading, and it must never close a
 //!   cooldown. An RFC 3339 stamp names its time unambiguously: a far one saturates at
@@ -81,19 +84,27 @@ impl Clock {
             .min(MAX_HINT_DELAY)
     }
 
-    /// Time until the absolute reset `at`: `None` if it is not after now, else capped at
-    /// [`MAX_HINT_DELAY`].
+    /// Time until the absolute reset `at`: zero if it is at most [`MAX_UNNOTICED_SKEW`] past,
+    /// `None` if older, else capped at [`MAX_HINT_DELAY`].
     fn reset_at(&self, at: SystemTime) -> Option<Duration> {
-        let d = at.duration_since(self.now).ok()?;
-        (!d.is_zero()).then_some(d.min(MAX_HINT_DELAY))
+        self.ahead(at).map(|d| d.min(MAX_HINT_DELAY))
     }
 
-    /// Time until the reset `since_epoch` after 1970-01-01T00:00:00Z: `None` if it is not
-    /// after now or lies further ahead than [`MAX_RESET_AHEAD`].
+    /// Time until the reset `since_epoch` after 1970-01-01T00:00:00Z: zero if it is at most
+    /// [`MAX_UNNOTICED_SKEW`] past, `None` if older or further ahead than
+    /// [`MAX_RESET_AHEAD`].
     fn reset_at_epoch(&self, since_epoch: Duration) -> Option<Duration> {
         let at = UNIX_EPOCH.checked_add(since_epoch)?;
-        let d = at.duration_since(self.now).ok()?;
-        (!d.is_zero() && d <= MAX_RESET_AHEAD).then_some(d)
+        self.ahead(at).filter(|&d| d <= MAX_RESET_AHEAD)
+    }
+
+    /// Time from now until `at`: zero for a time at most [`MAX_UNNOTICED_SKEW`] past (just
+    /// reset), `None` for an older one (stale).
+    fn ahead(&self, at: SystemTime) -> Option<Duration> {
+        match at.duration_since(self.now) {
+            Ok(d) => Some(d),
+            Err(past) => (past.duration() <= MAX_UNNOTICED_SKEW).then_some(Duration::ZERO),
+        }
     }
 
     /// A reset given as an RFC 3339 timestamp such as `2025-01-20T10:30:00Z` (parsed by
@@ -143,8 +154,10 @@ mod tests {
             // an explicit far time saturates
             ("2024-11-14T22:13:21Z", Some(MAX_HINT_DELAY)),
             ("9000-01-01T00:00:00Z", Some(MAX_HINT_DELAY)),
-            // not after now: no hint
-            ("2023-11-14T22:13:20Z", None),
+            // just reset (at most 2 s past): zero; older: no hint
+            ("2023-11-14T22:13:20Z", Some(Duration::ZERO)),
+            ("2023-11-14T22:13:18Z", Some(Duration::ZERO)),
+            ("2023-11-14T22:13:17Z", None),
             ("2020-01-01T00:00:00Z", None),
             // outside jiff's range (it ends late on 9999-12-30 UTC): not a time
             ("9999-12-31T23:59:59Z", None),
@@ -171,7 +184,8 @@ mod tests {
             ("1700000002000.5", Some(Duration::new(2, 500_000))),
             ("1000000000000", None),
             ("1699999997000", None),
-            ("1700000000000", None),
+            ("1700000000000", s(0)),
+            ("1699999998000", s(0)),
             ("1731622400000", s(366 * 86_400)),
             ("1731622400001", None),
             ("99999999999999999999999999", None),
@@ -180,7 +194,8 @@ mod tests {
             ("1700000060.25", ms(60_250)),
             ("1000000000", None),
             ("1699999997", None),
-            ("1700000000", None),
+            ("1700000000", s(0)),
+            ("1699999998", s(0)),
             ("1731622400", s(366 * 86_400)),
             ("1731622401", None),
             ("999999999999", None),

@@ -56,9 +56,15 @@ mod tests {
                 a(None, None, Some(Duration::from_millis(250))),
             ),
             (&[("x-ratelimit-reset", b"60")], a(None, None, s(60))),
-            // implausible resets are no hint: in the past, or beyond MAX_RESET_AHEAD
-            (&[("x-ratelimit-reset", b"1699999999")], None),
-            (&[("x-ratelimit-reset", b"1699999999000")], None),
+            // just past (at most 2 s): reset now
+            (&[("x-ratelimit-reset", b"1699999999")], a(None, None, s(0))),
+            (
+                &[("x-ratelimit-reset", b"1699999999000")],
+                a(None, None, s(0)),
+            ),
+            // implausible resets are no hint: stale, or beyond MAX_RESET_AHEAD
+            (&[("x-ratelimit-reset", b"1699999997")], None),
+            (&[("x-ratelimit-reset", b"1699999997000")], None),
             (&[("x-ratelimit-reset", b"1800000000")], None),
             (&[("x-ratelimit-reset", b"1800000000000")], None),
             (&[("x-ratelimit-reset", b"99999999")], None),

@@ -46,8 +46,9 @@ pub struct LearnedLimits {
     /// The scope's label (as in [`ScopeStats::label`](crate::ScopeStats::label)): what a
     /// warm start matches scopes by.
     pub scope: String,
-    /// The pace in force, in requests per second: just under the server's learned rate, or a
-    /// guess while the estimate is not yet pinned. `None`: no rate learned.
+    /// The pace, in requests per second: just under the server's learned rate once the
+    /// estimate is pinned (the pace in force may be probing above it), else the pace in force
+    /// (a guess). `None`: no rate learned.
     pub rate: Option<f64>,
     /// The burst of that pace: requests that may go at once after an idle time.
     pub burst: Option<u32>,

@@ -18,7 +18,7 @@
 //! Pure: instants in, a pace out; no clock, no I/O.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Sends kept for the fit: the most recent ones.
 const LOG_LEN: usize = 2048;
@@ -29,9 +29,14 @@ const REFINE: usize = 14;
 /// A fit is pinned when its highest rate is at most this much above its lowest.
 const PINNED: f64 = 1.12;
 /// A fit whose range is at most this wide paces at its middle.
-const NARROW: f64 = 1.5;
+const NARROW: f64 = 2.0;
 /// The pace is this fraction of the learned rate: just under it.
 const UNDER: f64 = 0.99;
+/// An unpinned pace is held, before probing upward, for the time its sends would take to
+/// drain this many of the largest burst the data allows (see [`RateModel::choose`]).
+const HOLD_BURSTS: f64 = 4.0;
+/// A warm start's prior rate that a refusal shows too high is cut to this fraction.
+const PRIOR_CUT: f64 = 0.9;
 
 /// What the rate model knows of one send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,14 +103,21 @@ pub(crate) struct RateModel {
     episode_until: Option<Instant>,
     /// Refusal episodes seen.
     pub(crate) episodes: u32,
+    /// Sends numbered below this were unanswered at the last episode's first refusal: once
+    /// all are answered, the log is fitted again.
+    refit_before: Option<u64>,
     /// The last fit.
     pub(crate) fit: Option<Fit>,
     /// The pace in force.
     pub(crate) pace: Option<Bucket>,
     /// A pace known before any fit (a warm start), kept while the log cannot pin one.
     pub(crate) prior: Option<Bucket>,
-    /// When the pace last changed (for probing upward after a clean period).
-    changed_at: Option<Instant>,
+    /// The first send at the pace in force (a clean period for probing upward starts there,
+    /// not at the change: a cooldown after a refusal sends nothing and proves nothing).
+    clean_since: Option<Instant>,
+    /// The least clean time before the pace in force may be probed upward (see
+    /// [`choose`](Self::choose)).
+    hold: Duration,
 }
 
 impl RateModel {
@@ -120,6 +132,7 @@ impl RateModel {
 
     /// Logs a send at `at`; returns its sequence number for [`answered`](Self::answered).
     pub(crate) fn sent(&mut self, at: Instant) -> u64 {
+        self.clean_since.get_or_insert(at);
         if self.log.len() == LOG_LEN {
             self.log.pop_front();
             self.base += 1;
@@ -162,34 +175,54 @@ impl RateModel {
     }
 
     /// Records what became of send `seq` (answered at `now`). Returns the new pace when this
-    /// answer opens a refusal episode (one per episode, however many sends it refuses).
+    /// answer opens a refusal episode (one per episode, however many sends it refuses), or
+    /// completes one: the fit made at its first refusal took the sends then unanswered as
+    /// admitted; once they are all answered, the log is fitted again.
     pub(crate) fn answered(&mut self, seq: u64, seen: Seen, now: Instant) -> Option<Bucket> {
-        let i = seq.checked_sub(self.base)? as usize;
+        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
         let entry = self.log.get_mut(i)?;
         entry.seen = seen;
-        if seen != Seen::Refused {
-            return None;
-        }
         let at = entry.at;
-        if self.episode_until.is_some_and(|until| at <= until) {
+        let opens = seen == Seen::Refused && self.episode_until.is_none_or(|until| at > until);
+        if opens {
+            // A new episode: sends made before now were made without knowing of it.
+            self.episode_until = Some(now);
+            self.episodes += 1;
+            self.refit_before = Some(self.next_seq());
+            return self.refit();
+        }
+        let before = self.refit_before?;
+        let n = usize::try_from(before.saturating_sub(self.base)).unwrap_or(usize::MAX);
+        if self.log.iter().take(n).any(|e| e.seen == Seen::Pending) {
             return None;
         }
-        // A new episode: sends made before now were made without knowing of it.
-        self.episode_until = Some(now);
-        self.episodes += 1;
+        self.refit_before = None;
+        let old = self.pace;
+        self.refit().filter(|&p| Some(p) != old)
+    }
+
+    /// Fits the log and takes the pace the fit gives.
+    fn refit(&mut self) -> Option<Bucket> {
         self.fit = fit(&self.log);
-        let pace = self.choose();
+        let (pace, hold) = self.choose();
         self.pace = pace;
-        self.changed_at = Some(now);
+        self.hold = hold;
+        self.clean_since = None;
         pace
     }
 
-    /// After `clean` without a refusal at the pace in force, a pace 10 % higher (probing
-    /// upward); `None` when it is not time.
-    pub(crate) fn probe_up(&mut self, now: Instant, clean: std::time::Duration) -> Option<Bucket> {
+    /// After a clean period of sending at the pace in force without a refusal, a pace 10 %
+    /// higher (probing upward); `None` when it is not time. The clean period is `clean` for a
+    /// pinned or loaded pace, and the pace's hold for a guess (see [`choose`](Self::choose)).
+    pub(crate) fn probe_up(&mut self, now: Instant, clean: Duration) -> Option<Bucket> {
         let pace = self.pace?;
-        let since = self.changed_at.get_or_insert(now);
-        if now.saturating_duration_since(*since) < clean {
+        let since = self.clean_since?;
+        let clean = if self.hold.is_zero() {
+            clean
+        } else {
+            self.hold
+        };
+        if now.saturating_duration_since(since) < clean {
             return None;
         }
         let up = Bucket {
@@ -197,37 +230,65 @@ impl RateModel {
             burst: pace.burst,
         };
         self.pace = Some(up);
-        self.changed_at = Some(now);
+        self.clean_since = None;
+        // The hold is a number of cells at the pace: shorter at a higher one.
+        if !self.hold.is_zero() {
+            self.hold = self.hold.div_f64(1.1).max(Duration::from_nanos(1));
+        }
         Some(up)
     }
 
-    /// The pace for the fit in force.
-    fn choose(&self) -> Option<Bucket> {
+    /// The pace a pinned fit gives: just under the middle of its range, with the smallest
+    /// burst the range allows (a burst fitted at a slower rate than the server's grows with
+    /// the time sent at it). `None` when the fit is not pinned.
+    pub(crate) fn estimate(&self) -> Option<Bucket> {
+        let f = self.fit.filter(Fit::pinned)?;
+        let rate = (f.lo + f.hi) / 2.0 * UNDER;
+        let burst = burst_at(&self.log, f.hi).max(1);
+        Some(Bucket { rate, burst })
+    }
+
+    /// The pace for the fit in force, and the least clean time before it may be probed
+    /// upward.
+    fn choose(&self) -> (Option<Bucket>, Duration) {
         let Some(f) = self.fit else {
-            return self.prior;
+            return (self.prior, Duration::ZERO);
         };
         if f.pinned() {
-            let rate = (f.lo + f.hi) / 2.0 * UNDER;
-            let burst = burst_at(&self.log, rate).max(1);
-            return Some(Bucket { rate, burst });
+            return (self.estimate(), Duration::ZERO);
         }
-        if let Some(prior) = self.prior.filter(|p| p.rate >= f.lo && p.rate <= f.hi) {
-            return Some(Bucket {
-                rate: prior.rate * UNDER,
-                burst: prior.burst,
-            });
-        }
-        if f.hi <= f.lo * NARROW {
+        let pace = if let Some(prior) = self.prior {
+            // A warm start refused: the prior, cut by a tenth unless the data allows it, never
+            // above what the data allows, with no larger a burst.
+            let allowed = prior.rate >= f.lo && prior.rate <= f.hi;
+            let cut = if allowed { UNDER } else { PRIOR_CUT };
+            Bucket {
+                rate: prior.rate.min(f.hi) * cut,
+                burst: prior.burst.min(burst_at(&self.log, f.hi).max(1)),
+            }
+        } else if f.hi <= f.lo * NARROW {
             // Nearly pinned: the middle of the range (on log scale) with the smallest burst it
             // allows; a refusal at that pace narrows the range further.
-            let rate = (f.lo * f.hi).sqrt() * UNDER;
-            let burst = burst_at(&self.log, f.hi).max(1);
-            return Some(Bucket { rate, burst });
-        }
-        // Not pinned: half the highest rate the data allows, from an empty bucket of one cell
-        // (off the line the first refusal drew, so that the next refusal pins the rate).
-        let rate = (f.hi / 2.0).max(f.lo);
-        Some(Bucket { rate, burst: 1 })
+            Bucket {
+                rate: (f.lo * f.hi).sqrt() * UNDER,
+                burst: burst_at(&self.log, f.hi).max(1),
+            }
+        } else {
+            // Not pinned: half the highest rate the data allows, from an empty bucket of one
+            // cell (off the line the first refusal drew, so that the next refusal pins it).
+            Bucket {
+                rate: (f.hi / 2.0).max(f.lo),
+                burst: 1,
+            }
+        };
+        // A server of rate `r` and burst at most `n` (the most the data allows) that admits
+        // this pace for a time `t` has `r >= rate - n / t`: after `4 n / rate`, the rate is at
+        // least 3/4 of the pace, and probing upward may start.
+        let n = f64::from(burst_at(&self.log, f.lo).max(1));
+        let hold = Duration::try_from_secs_f64(HOLD_BURSTS * n / pace.rate)
+            .unwrap_or(Duration::MAX)
+            .max(Duration::from_nanos(1));
+        (Some(pace), hold)
     }
 }
 
@@ -317,7 +378,7 @@ fn burst_at(log: &VecDeque<Entry>, r: f64) -> u32 {
 }
 
 /// Rates whose loss is within this many cells of the least explain the log as well.
-const SLACK: f64 = 0.5;
+const SLACK: f64 = 1.5;
 
 /// Fits the log: `None` without a refusal and two admitted sends to fit.
 fn fit(log: &VecDeque<Entry>) -> Option<Fit> {
@@ -525,11 +586,46 @@ mod tests {
             burst: 3,
         });
         let clean = Duration::from_secs(30);
+        assert_eq!(m.probe_up(t0, clean), None, "nothing sent yet");
+        m.sent(t0);
         assert_eq!(m.probe_up(t0, clean), None);
         assert_eq!(m.probe_up(t0 + Duration::from_secs(29), clean), None);
         let up = m.probe_up(t0 + clean, clean).unwrap();
         assert!((up.rate - 11.0).abs() < 1e-9);
         assert_eq!(up.burst, 3);
+    }
+
+    #[test]
+    fn an_unpinned_pace_is_held_until_sending_at_it_proves_it() {
+        let t0 = Instant::now();
+        let mut m = RateModel::default();
+        let mut s = Nginx::new(50.0, 20);
+        // A burst from idle: 21 admitted, the rest refused together; the rate is not pinned.
+        let seqs: Vec<(u64, bool)> = (0..30).map(|_| (m.sent(t0), s.arrive(t0))).collect();
+        let answered = t0 + Duration::from_millis(50);
+        for &(q, ok) in &seqs {
+            let seen = if ok { Seen::Admitted } else { Seen::Refused };
+            m.answered(q, seen, answered);
+        }
+        let pace = m.pace.unwrap();
+        assert!(!m.fit.unwrap().pinned());
+        // A cooldown of 1 s sends nothing: the first send after it starts the clean period.
+        let after = t0 + Duration::from_secs(1);
+        assert_eq!(
+            m.probe_up(after, Duration::ZERO),
+            None,
+            "nothing sent at the pace"
+        );
+        m.sent(after);
+        assert_eq!(m.probe_up(after, Duration::ZERO), None);
+        // Held for the time 4 of the largest bursts take at the pace (21 cells at most).
+        let hold = Duration::from_secs_f64(4.0 * 21.0 / pace.rate);
+        let early = after + hold.mul_f64(0.9);
+        assert_eq!(m.probe_up(early, Duration::ZERO), None);
+        let up = m
+            .probe_up(after + hold.mul_f64(1.1), Duration::ZERO)
+            .unwrap();
+        assert!((up.rate / pace.rate - 1.1).abs() < 1e-9);
     }
 
     #[test]

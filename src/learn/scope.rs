@@ -120,7 +120,8 @@ impl ScopeLearner {
             warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
             aimd,
             header_pace: None,
-            resets: false,
+            // A window loaded for a warm start is a window server's.
+            resets: warm.filter(|_| learn).is_some_and(|w| w.window.is_some()),
             aimd_episode_end: 0,
             breaker: config.breaker.map(Breaker::new),
         }
@@ -218,9 +219,7 @@ impl ScopeLearner {
                     aimd.succeeded();
                 }
                 self.rate.answered(a.seq, seen, a.now);
-                // A less certain rate is probed sooner: 30 s at confidence 1, about 3.5 s at 0.9.
-                let clean = self.probe_after.mul_f64(self.confidence().powi(20));
-                self.rate.probe_up(a.now, clean);
+                self.rate.probe_up(a.now, self.probe_after);
             }
             Seen::Refused => {
                 self.rate.answered(a.seq, seen, a.now);
@@ -359,10 +358,15 @@ impl ScopeLearner {
     /// What was learned, for scope `label`.
     pub(crate) fn snapshot(&self, label: &str) -> LearnedLimits {
         let in_force = self.in_force();
+        // A pinned estimate rather than a pace probing above it.
+        let pace = match self.rate.estimate().filter(|_| self.learn) {
+            Some(estimate) => Some(estimate),
+            None => self.rate.pace.filter(|_| self.learn),
+        };
         LearnedLimits {
             scope: label.to_owned(),
-            rate: in_force.rate,
-            burst: in_force.burst,
+            rate: pace.map(|p| p.rate),
+            burst: pace.map(|p| p.burst),
             window: self.window.learned.or(self.warm_window),
             max_in_flight: in_force.max_in_flight,
             confidence: self.confidence(),
@@ -473,6 +477,22 @@ mod tests {
         answer_sent(&mut fresh, seqs[1], t0);
         refusal(&mut fresh, seqs[2], t0, &late);
         assert_eq!(fresh.rate.episodes, 1);
+        // A warm start that loaded a window knows its server from the first answer.
+        let config = LearnConfig::new(true, None, RetryAfterPolicy::Strict, DEFAULT_PROBE_AFTER);
+        let warm = LearnedLimits {
+            window: Some(super::super::LearnedWindow {
+                limit: 4,
+                window: Duration::from_secs(3),
+            }),
+            ..LearnedLimits::default()
+        };
+        let base = Limits::new().with_max_in_flight(Some(10));
+        let mut w = ScopeLearner::new(&config, base, Some(&warm));
+        let seqs: Vec<u64> = (0..3).map(|_| w.sent(t0)).collect();
+        answer_sent(&mut w, seqs[0], t0);
+        answer_sent(&mut w, seqs[1], t0);
+        refusal(&mut w, seqs[2], t0, &late);
+        assert_eq!(w.rate.episodes, 0);
     }
 
     /// A 200 without hints for send `seq`.

@@ -325,6 +325,25 @@ mod tests {
     }
 
     #[test]
+    fn a_window_added_mid_run_counts_the_sends_still_in_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let now = t0 + s(15);
+        // Out of order, two at one instant, one already out of a 10 s window, one not yet made.
+        let sent = [t0 + s(8), t0 + s(2), t0 + s(8), t0 + s(6), t0 + s(20)];
+        let q = quota(4, s(10), Duration::ZERO);
+        let mut w = SlidingWindow::counting(&q, &sent, now);
+        assert_eq!(w.used(now), 3);
+        // One more fits; the next when the send at 6 s leaves, the next two when those at 8 s do.
+        assert_eq!(w.ready_at(1, now), now);
+        assert_eq!(w.ready_at(2, now), t0 + s(16));
+        assert_eq!(w.ready_at(3, now), t0 + s(18));
+        // A token window cannot count requests as tokens: it starts empty.
+        let tokens = SlidingWindow::counting(&q.with_unit(Unit::Tokens), &sent, now);
+        assert_eq!(tokens.used, 0);
+    }
+
+    #[test]
     fn resize_keeps_the_log() {
         let t0 = Instant::now();
         let mut w = window(4, 10);
