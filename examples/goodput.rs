@@ -397,6 +397,13 @@ async fn run_client(server: &Server<'_>, client_name: &'static str, args: &Args)
         p.abort();
     }
     counter.0.timeline.sample(started, Instant::now());
+    if let Counts::Gateway(g) = &server.counts {
+        let s = g.stats();
+        eprintln!(
+            "{client_name} gateway refused: {} for the window, {} for parallel requests",
+            s.refused_window, s.refused_parallel
+        );
+    }
     if let Some(t) = learner {
         let learned = t.learned_all();
         eprintln!("{client_name} learned: {learned:?}");

@@ -138,8 +138,10 @@ impl ScopeLearner {
         }
         if let Some(w) = self.window.learned.or(self.warm_window) {
             if let Some(limit) = NonZeroU32::new(w.limit) {
-                // The learned length already holds a round trip of margin (see `window`).
-                let quota = WindowQuota::new(limit, w.window, Duration::ZERO);
+                // The learned length already holds a round trip of margin (see `window`): half
+                // the configured guard covers the rest of the spread in one-way latency.
+                let guard = limits.bucket_guard / 2;
+                let quota = WindowQuota::new(limit, w.window, guard);
                 limits = limits.with_window(quota.with_unit(Unit::Requests));
             }
         }
