@@ -995,3 +995,26 @@ async fn available_permits_is_some_for_a_capped_throttle_without_live_scopes() {
         throttle.stats()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn calls_polled_in_one_task_through_a_cap_do_not_spin() {
+    // Once showed: 20 calls joined in one task through a cap of 10. A waiter behind the head
+    // woke the head at each poll, and in one task that woke every waiter again: the task spun
+    // without letting time advance, so the first answers never came.
+    let server = FakeServer::new(|_, _| status(200)).with_delay(50 * MS);
+    let throttle = Throttle::builder().max_in_flight(10).build().unwrap();
+    let client = server.client(&throttle);
+    let t0 = Instant::now();
+    let calls = (0..20).map(|_| async {
+        let answer = client.get("http://api.test/").send().await.unwrap();
+        // Read to the end: the permit goes back with the body.
+        answer.bytes().await.unwrap();
+    });
+    let all = futures::future::join_all(calls);
+    tokio::time::timeout(60 * S, all)
+        .await
+        .expect("all 20 answered");
+    // Two rounds of 10 at 50 ms each, on paused time.
+    assert_eq!(Instant::now() - t0, 100 * MS);
+    assert_eq!(server.seen().len(), 20);
+}

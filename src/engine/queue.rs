@@ -30,6 +30,9 @@ struct Waiter {
     /// Set when the waiter is told something changed (it became the head, a lease was
     /// released, a limit changed); cleared when it looks.
     woken: bool,
+    /// Whether it has not looked yet, or last looked while not the head: it waits for its
+    /// turn, and may not know it has come.
+    waits_turn: bool,
 }
 
 /// What holds a caller back, as the store answered it.
@@ -185,6 +188,7 @@ impl WaitQueue {
             cost,
             waker: None,
             woken: false,
+            waits_turn: true,
         };
         self.free_of_quota += usize::from(cost == 0);
         self.lanes[place.lane].insert(place.seq, waiter);
@@ -267,9 +271,11 @@ impl WaitQueue {
         }
     }
 
-    /// Ready when `place` is the head. Otherwise registers to be woken, and wakes the head in
-    /// case it is asleep without knowing it is the head (it became so by aging or by arrival
-    /// order changing under it).
+    /// Ready when `place` is the head. Otherwise registers to be woken, and wakes the head if
+    /// it has not looked yet or last looked while not the head: it may be asleep without knowing it is the head now
+    /// (it became so by aging or by arrival order changing under it). A head that knows waits
+    /// on the store and is not woken: waiters polled in one task would wake each other
+    /// without end.
     pub(crate) fn poll_head(
         &mut self,
         place: Place,
@@ -285,10 +291,13 @@ impl WaitQueue {
         let past_the_head =
             waiter.cost == 0 && self.head_block.is_some_and(|b| b.cause == Cause::Quota);
         if head == Some(place) || past_the_head {
+            waiter.waits_turn = false;
             return Poll::Ready(());
         }
+        waiter.waits_turn = true;
         register(waiter, cx);
-        if let Some(head) = head {
+        let asleep = head.filter(|h| self.lanes[h.lane].get(&h.seq).is_some_and(|w| w.waits_turn));
+        if let Some(head) = asleep {
             self.wake(head);
         }
         Poll::Pending
@@ -369,6 +378,24 @@ mod tests {
         q.remove(first, t0);
         assert_eq!(q.poll_woken(second, &mut cx), Poll::Ready(()));
         assert_eq!(q.poll_head(second, t0, &mut cx), Poll::Ready(()));
+    }
+
+    #[test]
+    fn a_head_that_knows_is_not_woken_by_the_waiters_behind_it() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::new(AGING);
+        let head = q.push(Priority::Normal, 1, t0);
+        let behind = q.push(Priority::Normal, 1, t0);
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(q.poll_head(head, t0, &mut cx), Poll::Ready(()));
+        assert_eq!(q.poll_woken(head, &mut cx), Poll::Pending);
+        // Polled in the same task as the head, the waiter behind must not wake it: each wake
+        // would poll the waiter again.
+        for _ in 0..3 {
+            assert_eq!(q.poll_head(behind, t0, &mut cx), Poll::Pending);
+            assert_eq!(q.poll_woken(head, &mut cx), Poll::Pending);
+        }
     }
 
     #[test]
