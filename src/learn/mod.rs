@@ -75,6 +75,14 @@ pub struct LearnedWindow {
     pub window: Duration,
 }
 
+impl LearnedWindow {
+    /// At most `limit` requests in any `window` (for a warm start written by hand; a limit of
+    /// 0 or a zero window is ignored when loaded).
+    pub const fn new(limit: u32, window: Duration) -> Self {
+        Self { limit, window }
+    }
+}
+
 /// What to do with a rate-limit refusal's `Retry-After` when the rate has been learned; for
 /// [`ThrottleBuilder::retry_after_policy`](crate::ThrottleBuilder::retry_after_policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -116,7 +116,10 @@ impl ScopeLearner {
             base,
             rate: prior.map_or_else(RateModel::default, RateModel::warm),
             window: WindowModel::default(),
-            warm_window: warm.filter(|_| learn).and_then(|w| w.window),
+            warm_window: warm
+                .filter(|_| learn)
+                .and_then(|w| w.window)
+                .filter(|w| w.limit > 0 && !w.window.is_zero()),
             warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
             aimd,
             header_pace: None,
