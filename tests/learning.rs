@@ -585,3 +585,29 @@ async fn the_remaining_requests_are_spread_over_the_time_to_the_reset() {
         "longest gap {gap:?}: {sent:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_warm_start_of_garbage_neither_panics_nor_stalls_the_first_request() {
+    let rates = [f64::NAN, 0.0, -1.0, f64::INFINITY, 1e300, 1e-300, 1e-18];
+    let bursts = [0, 1, 100, u32::MAX];
+    for rate in rates {
+        for burst in bursts {
+            let mut saved = reqwest_throttle::LearnedLimits::default();
+            saved.scope = LABEL.into();
+            saved.rate = Some(rate);
+            saved.burst = Some(burst);
+            saved.confidence = f64::NAN;
+            let throttle = learner(10);
+            throttle.load_learned([saved]);
+            let server = FakeServer::ok();
+            let r = tokio::time::timeout(
+                Duration::from_secs(1),
+                server.client(&throttle).get(URL).send(),
+            )
+            .await;
+            assert_eq!(r.unwrap().unwrap().status(), 200, "{rate} {burst}");
+            let learned = throttle.learned(LABEL).unwrap();
+            assert!(learned.confidence.is_finite(), "{learned:?}");
+        }
+    }
+}

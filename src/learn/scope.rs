@@ -117,7 +117,11 @@ impl ScopeLearner {
             rate: prior.map_or_else(RateModel::default, RateModel::warm),
             window: WindowModel::default(),
             warm_window: warm.filter(|_| learn).and_then(|w| w.window),
-            warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
+            // A confidence that is not a number is no confidence.
+            warm_confidence: warm
+                .map(|w| w.confidence)
+                .filter(|c| !c.is_nan())
+                .map_or(0.0, |c| c.clamp(0.0, 1.0)),
             aimd,
             header_pace: None,
             // A window loaded for a warm start is a window server's.
@@ -149,7 +153,10 @@ impl ScopeLearner {
             if let Some(quota) = quota_of(pace) {
                 // The latency guard keeps part of a bucket's burst in hand; a learned burst
                 // keeps at least one cell usable (a pace of burst 1 keeps none in hand).
-                let usable = Duration::from_secs_f64(f64::from(pace.burst - 1) / pace.rate);
+                // (Saturating: a slow pace of a large burst, loaded for a warm start, keeps
+                // its cells for longer than a `Duration` holds.)
+                let usable = Duration::try_from_secs_f64(f64::from(pace.burst - 1) / pace.rate)
+                    .unwrap_or(Duration::MAX);
                 if self.base.buckets.is_empty() {
                     limits.bucket_guard = limits.bucket_guard.min(usable);
                 }
@@ -391,11 +398,14 @@ fn quota_of(pace: Bucket) -> Option<governor::Quota> {
     if !(pace.rate.is_finite() && pace.rate > 0.0) {
         return None;
     }
-    // At most one cell per 100 years; at least one per nanosecond.
-    let period = Duration::try_from_secs_f64(1.0 / pace.rate)
-        .ok()?
-        .clamp(Duration::from_nanos(1), crate::clock::FAR_FUTURE);
     let burst = NonZeroU32::new(pace.burst.max(1))?;
+    // A whole burst refills in at most 100 years (governor multiplies the period by the
+    // burst in nanoseconds: no overflow); at least one cell per nanosecond.
+    let longest = crate::clock::FAR_FUTURE / burst.get();
+    let period = Duration::try_from_secs_f64(1.0 / pace.rate).ok()?.clamp(
+        Duration::from_nanos(1),
+        longest.max(Duration::from_nanos(1)),
+    );
     Some(governor::Quota::with_period(period)?.allow_burst(burst))
 }
 
