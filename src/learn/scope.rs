@@ -73,6 +73,8 @@ pub(crate) struct ScopeLearner {
     learn: bool,
     policy: RetryAfterPolicy,
     probe_after: Duration,
+    /// See [`LearnConfig::max_wait`].
+    max_wait: Duration,
     /// The configured limits, to which the learned ones are added.
     base: Limits,
     rate: RateModel,
@@ -113,6 +115,7 @@ impl ScopeLearner {
             learn,
             policy: config.retry_after,
             probe_after: config.probe_after,
+            max_wait: config.max_wait,
             base,
             rate: prior.map_or_else(RateModel::default, RateModel::warm),
             window: WindowModel::default(),
@@ -319,7 +322,7 @@ impl ScopeLearner {
                 .filter(|a| a.remaining == Some(0))
                 .find_map(|a| a.reset_after)
         });
-        if let Some(reset) = reset {
+        if let Some(reset) = reset.filter(|&r| r <= self.max_wait) {
             self.window.refused(a.now, reset, self.rate.next_seq());
         }
         if self.resets {
