@@ -617,6 +617,25 @@ fn lying_window(limit: usize, window: Duration, lie: Option<&'static str>) -> Fa
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_window_refused_after_an_idle_time_learns_the_servers_window() {
+    // 5 sends, a minute idle, then a run: the server's window (30 per 3 s) is empty again when
+    // the run starts, so its first refusal's oldest send is the run's first, not the scope's.
+    let window = Duration::from_secs(3);
+    let server = lying_window(30, window, None);
+    let throttle = learner(10);
+    let client = server.client(&throttle);
+    run(&client, 5, 5).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let t0 = Instant::now();
+    run(&client, 100, 20).await;
+    let learned = throttle.learned(LABEL).unwrap().window.unwrap();
+    assert_eq!(learned.limit, 30, "{learned:?}");
+    assert!(learned.window <= window + 2 * SERVICE, "{learned:?}");
+    // 100 sends at 30 per 3 s: done in about 10 s, not paced at 35 per minute.
+    assert!(Instant::now() - t0 < Duration::from_secs(12));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_refusal_with_a_reset_a_year_ahead_teaches_no_window() {
     // The server's window is 10 per second; its refusals say the oldest leaves in a year
     // (seconds from now, under MAX_RESET_AHEAD): a wait the throttle does not honour

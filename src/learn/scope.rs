@@ -171,7 +171,6 @@ impl ScopeLearner {
 
     /// Logs a send made at `now`; its number goes into its [`Answer`].
     pub(crate) fn sent(&mut self, now: Instant) -> u64 {
-        self.window.sent(now);
         self.rate.sent(now)
     }
 
@@ -257,11 +256,11 @@ impl ScopeLearner {
     /// Learns the window of a window refusal once the sends made before it are answered;
     /// whether it was learned now.
     fn settle_window(&mut self) -> bool {
-        let Some(before) = self.window.waiting_for() else {
+        let Some((before, reset_at)) = self.window.waiting_for() else {
             return false;
         };
-        match self.rate.admitted_before(before) {
-            Some(admitted) => self.window.settle(admitted).is_some(),
+        match self.rate.window_from(before, reset_at) {
+            Some(from) => self.window.settle(from).is_some(),
             None => false,
         }
     }
