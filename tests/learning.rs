@@ -680,3 +680,21 @@ async fn a_warm_start_of_garbage_neither_panics_nor_stalls_the_first_request() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn calls_cancelled_in_flight_do_not_keep_a_window_from_being_learned() {
+    // 5 calls cancelled while in flight (the server counts them), then a run into the window.
+    let window = Duration::from_secs(3);
+    let server = lying_window(30, window, None);
+    let throttle = learner(10);
+    let client = server.client(&throttle);
+    for _ in 0..5 {
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(10), client.get(URL).send()).await;
+        assert!(cancelled.is_err());
+    }
+    run(&client, 60, 20).await;
+    let learned = throttle.learned(LABEL).unwrap().window;
+    // The cancelled sends are unknown to the learner: the limit counts the others admitted.
+    assert_eq!(learned.map(|w| w.limit), Some(25), "{learned:?}");
+}

@@ -145,6 +145,20 @@ impl RateModel {
         self.base + self.log.len() as u64 - 1
     }
 
+    /// Send `seq` will never be answered (its call was cancelled, or its deadline passed in
+    /// flight): it says nothing of the rate. Nothing is fitted now; the next answer refits or
+    /// settles what waited for it.
+    pub(crate) fn abandoned(&mut self, seq: u64) {
+        let i = seq
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok());
+        if let Some(e) = i.and_then(|i| self.log.get_mut(i)) {
+            if e.seen == Seen::Pending {
+                e.seen = Seen::Unknown;
+            }
+        }
+    }
+
     /// The number the next send will have.
     pub(crate) fn next_seq(&self) -> u64 {
         self.base + self.log.len() as u64

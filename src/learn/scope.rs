@@ -174,6 +174,11 @@ impl ScopeLearner {
         self.rate.sent(now)
     }
 
+    /// Send `seq` will never be answered (see [`RateModel::abandoned`]).
+    pub(crate) fn abandoned(&mut self, seq: u64) {
+        self.rate.abandoned(seq);
+    }
+
     /// Whether a request may go now (the circuit breaker); `Err` holds the time until it may
     /// (`None`: the half-open probe is under way).
     pub(crate) fn check(&mut self, now: Instant) -> Result<Pass, Option<Duration>> {
