@@ -654,12 +654,13 @@ impl ThrottleBuilder {
             jitter: if self.jitter { Jitter::On } else { Jitter::Off },
             max_server_wait: self.max_server_wait,
         };
-        let learn = LearnConfig::new(
+        let mut learn = LearnConfig::new(
             learn_on,
             self.breaker,
             self.retry_after_policy,
             self.probe_after,
         );
+        learn.max_wait = self.max_server_wait;
         let engine = EngineConfig {
             store: self.store,
             learn: std::sync::Arc::new(learn),

@@ -18,7 +18,7 @@ use crate::body::{
 };
 use crate::charge::Charge;
 use crate::clock::instant_after;
-use crate::engine::{count, Lease, Probe, Refused, Slot};
+use crate::engine::{count, Lease, Probe, Refused, Sent, Slot};
 use crate::error::{ThrottleError, TransportError};
 use crate::extensions::{Cost, Deadline, NoRetry, Priority, ThrottleInfo, Waits};
 use crate::headers::{self, ErrorBody, Hints};
@@ -85,8 +85,8 @@ struct Call<'a> {
     cooldown: Option<Duration>,
     /// The half-open circuit's probe, when this call's next attempt is it.
     probe: Option<Probe>,
-    /// The number of the attempt in flight in the scope's send log.
-    sent: u64,
+    /// The attempt in flight in the scope's send log, until its answer is learned.
+    sent: Option<Sent<DefaultStore>>,
 }
 
 /// An answer kept through a retry wait, with the cooldown it closed and its charge.
@@ -133,7 +133,7 @@ impl<'a> Call<'a> {
                 Ok(lease) => lease,
                 Err(end) => return end,
             };
-            call.sent = call.scope.learn_sent();
+            call.sent = Some(call.scope.learn_sent());
             let sent = Stopwatch::start();
             let result = match send(next.clone(), req, extensions, call.deadline).await {
                 Ok(result) => result,
@@ -197,7 +197,7 @@ impl<'a> Call<'a> {
             deadline_wait: None,
             cooldown: None,
             probe: None,
-            sent: 0,
+            sent: None,
         }
     }
 
@@ -308,8 +308,10 @@ impl<'a> Call<'a> {
         hints: Option<&Hints>,
         read_at: SystemTime,
     ) -> Option<Duration> {
+        let sent = self.sent.take();
         let answer = crate::learn::Answer {
-            seq: self.sent,
+            // (No send logged: a number no send has.)
+            seq: sent.as_ref().map_or(u64::MAX, |s| s.seq),
             now: Instant::now().into_std(),
             read_at,
             in_flight: 0,
@@ -317,7 +319,11 @@ impl<'a> Call<'a> {
             hints,
             probe: false,
         };
-        self.scope.learn(answer, self.probe.take()).await
+        let cap = self.scope.learn(answer, self.probe.take()).await;
+        if let Some(sent) = sent {
+            sent.answered();
+        }
+        cap
     }
 
     /// The policy's decision on `outcome`, with the deadline as it is now. The retry budget is

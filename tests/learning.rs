@@ -585,3 +585,116 @@ async fn the_remaining_requests_are_spread_over_the_time_to_the_reset() {
         "longest gap {gap:?}: {sent:?}"
     );
 }
+
+/// A sliding window of `limit` per `window` whose refusals report `reset_at` as `reset(true)`
+/// (`true`: the true seconds to the oldest send's exit, formatted), or as the text `lie`.
+fn lying_window(limit: usize, window: Duration, lie: Option<&'static str>) -> FakeServer {
+    let log = Mutex::new(std::collections::VecDeque::<Instant>::new());
+    FakeServer::new(move |_, _| {
+        let now = Instant::now();
+        let mut log = log.lock().unwrap();
+        while log.front().is_some_and(|&t| t + window <= now) {
+            log.pop_front();
+        }
+        if log.len() < limit {
+            log.push_back(now);
+            return status(200);
+        }
+        let reset = match lie {
+            Some(text) => text.to_owned(),
+            None => format!("{:.3}", (log[0] + window - now).as_secs_f64()),
+        };
+        json(
+            429,
+            &[
+                ("rate_limit_type", "requests_per_minute"),
+                ("reset_at", &reset),
+            ],
+            "{}",
+        )
+    })
+    .with_delay(SERVICE)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_refused_after_an_idle_time_learns_the_servers_window() {
+    // 5 sends, a minute idle, then a run: the server's window (30 per 3 s) is empty again when
+    // the run starts, so its first refusal's oldest send is the run's first, not the scope's.
+    let window = Duration::from_secs(3);
+    let server = lying_window(30, window, None);
+    let throttle = learner(10);
+    let client = server.client(&throttle);
+    run(&client, 5, 5).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let t0 = Instant::now();
+    run(&client, 100, 20).await;
+    let learned = throttle.learned(LABEL).unwrap().window.unwrap();
+    assert_eq!(learned.limit, 30, "{learned:?}");
+    assert!(learned.window <= window + 2 * SERVICE, "{learned:?}");
+    // 100 sends at 30 per 3 s: done in about 10 s, not paced at 35 per minute.
+    assert!(Instant::now() - t0 < Duration::from_secs(12));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_with_a_reset_a_year_ahead_teaches_no_window() {
+    // The server's window is 10 per second; its refusals say the oldest leaves in a year
+    // (seconds from now, under MAX_RESET_AHEAD): a wait the throttle does not honour
+    // (`max_server_wait`), so no window of a year is learned from it either.
+    let server = lying_window(10, Duration::from_secs(1), Some("31536000"));
+    let throttle = learner(10);
+    let client = server.client(&throttle);
+    let codes = join_all((0..15).map(|_| client.get(URL).send())).await;
+    let refused = codes
+        .iter()
+        .filter(|r| r.as_ref().unwrap().status() == 429)
+        .count();
+    assert_eq!(refused, 5);
+    assert_eq!(throttle.learned(LABEL).unwrap().window, None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let next = tokio::time::timeout(Duration::from_secs(10), client.get(URL).send()).await;
+    assert_eq!(next.unwrap().unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_warm_start_of_garbage_neither_panics_nor_stalls_the_first_request() {
+    let rates = [f64::NAN, 0.0, -1.0, f64::INFINITY, 1e300, 1e-300, 1e-18];
+    let bursts = [0, 1, 100, u32::MAX];
+    for rate in rates {
+        for burst in bursts {
+            let mut saved = reqwest_throttle::LearnedLimits::default();
+            saved.scope = LABEL.into();
+            saved.rate = Some(rate);
+            saved.burst = Some(burst);
+            saved.confidence = f64::NAN;
+            let throttle = learner(10);
+            throttle.load_learned([saved]);
+            let server = FakeServer::ok();
+            let r = tokio::time::timeout(
+                Duration::from_secs(1),
+                server.client(&throttle).get(URL).send(),
+            )
+            .await;
+            assert_eq!(r.unwrap().unwrap().status(), 200, "{rate} {burst}");
+            let learned = throttle.learned(LABEL).unwrap();
+            assert!(learned.confidence.is_finite(), "{learned:?}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_cancelled_in_flight_do_not_keep_a_window_from_being_learned() {
+    // 5 calls cancelled while in flight (the server counts them), then a run into the window.
+    let window = Duration::from_secs(3);
+    let server = lying_window(30, window, None);
+    let throttle = learner(10);
+    let client = server.client(&throttle);
+    for _ in 0..5 {
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(10), client.get(URL).send()).await;
+        assert!(cancelled.is_err());
+    }
+    run(&client, 60, 20).await;
+    let learned = throttle.learned(LABEL).unwrap().window;
+    // The cancelled sends are unknown to the learner: the limit counts the others admitted.
+    assert_eq!(learned.map(|w| w.limit), Some(25), "{learned:?}");
+}

@@ -50,6 +50,30 @@ impl Drop for Probe {
     }
 }
 
+/// A send logged for learning, held by its call until its answer is learned.
+#[derive(Debug)]
+#[must_use = "dropping the send logs it as never answered"]
+pub(crate) struct Sent<S: Store> {
+    slot: Option<Arc<Slot<S>>>,
+    /// Its number in the scope's send log.
+    pub(crate) seq: u64,
+}
+
+impl<S: Store> Sent<S> {
+    /// Its answer was learned.
+    pub(crate) fn answered(mut self) {
+        self.slot = None;
+    }
+}
+
+impl<S: Store> Drop for Sent<S> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            lock(&slot.learner).abandoned(self.seq);
+        }
+    }
+}
+
 impl<S: Store> Slot<S> {
     /// Whether the circuit lets a request go now: `Ok(Some(probe))` when it goes as the
     /// half-open circuit's probe.
@@ -75,9 +99,14 @@ impl<S: Store> Slot<S> {
     }
 
     /// Logs a send made now; its number goes into the [`Answer`] given to
-    /// [`learn`](Self::learn).
-    pub(crate) fn learn_sent(&self) -> u64 {
-        lock(&self.learner).sent(Instant::now().into_std())
+    /// [`learn`](Self::learn). Dropped before [`Sent::answered`] (the call cancelled, or its
+    /// deadline passed in flight), the send is logged as one that will never be answered.
+    pub(crate) fn learn_sent(self: &Arc<Self>) -> Sent<S> {
+        let seq = lock(&self.learner).sent(Instant::now().into_std());
+        Sent {
+            slot: Some(self.clone()),
+            seq,
+        }
     }
 
     /// Learns from one answer (`probe`: the call's probe, if this attempt was one; the

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub use scope::Scope;
 
-pub(crate) use learning::Probe;
+pub(crate) use learning::{Probe, Sent};
 pub(crate) use registry::Bounds;
 pub(crate) use slot::{count, Counters, Lease, Slot};
 

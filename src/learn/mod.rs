@@ -106,6 +106,10 @@ pub(crate) struct LearnConfig {
     pub(crate) breaker: Option<CircuitBreaker>,
     pub(crate) retry_after: RetryAfterPolicy,
     pub(crate) probe_after: Duration,
+    /// The longest server wait the throttle honours (`max_server_wait`): a window refusal
+    /// whose reset is further ahead teaches no window (a window the throttle would not wait
+    /// for, from a reset that is most likely a lie or a misreading).
+    pub(crate) max_wait: Duration,
     /// Limits loaded for a warm start, by scope label.
     warm: Mutex<HashMap<String, LearnedLimits>>,
 }
@@ -122,6 +126,7 @@ impl LearnConfig {
             breaker,
             retry_after,
             probe_after,
+            max_wait: crate::DEFAULT_MAX_SERVER_WAIT,
             warm: Mutex::default(),
         }
     }

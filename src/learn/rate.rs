@@ -145,24 +145,69 @@ impl RateModel {
         self.base + self.log.len() as u64 - 1
     }
 
+    /// Send `seq` will never be answered (its call was cancelled, or its deadline passed in
+    /// flight): it says nothing of the rate. Nothing is fitted now; the next answer refits or
+    /// settles what waited for it.
+    pub(crate) fn abandoned(&mut self, seq: u64) {
+        let i = seq
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok());
+        if let Some(e) = i.and_then(|i| self.log.get_mut(i)) {
+            if e.seen == Seen::Pending {
+                e.seen = Seen::Unknown;
+            }
+        }
+    }
+
     /// The number the next send will have.
     pub(crate) fn next_seq(&self) -> u64 {
         self.base + self.log.len() as u64
     }
 
-    /// How many of the sends numbered below `before` were admitted, once every one of them is
-    /// answered: `None` while one is not, `Some(None)` when some of them are no longer logged.
-    pub(crate) fn admitted_before(&self, before: u64) -> Option<Option<u32>> {
+    /// Where the server's window starts among the sends numbered below `before`, for a
+    /// refusal saying its oldest send leaves at `reset_at`, and how many sends from there were
+    /// admitted: once every one of them is answered (`None` while one is not), `Some(None)`
+    /// when some of them are no longer logged.
+    ///
+    /// The start is the latest send the server may count (not refused) that came after an
+    /// idle time at least as long as the window it would start (`reset_at` less its instant):
+    /// the server's window was empty when it came. The first send always is one.
+    pub(crate) fn window_from(
+        &self,
+        before: u64,
+        reset_at: Instant,
+    ) -> Option<Option<(Instant, u32)>> {
         if self.base > 0 {
             return Some(None);
         }
         let n = usize::try_from(before).unwrap_or(usize::MAX);
-        let sends = self.log.iter().take(n);
-        if sends.clone().any(|e| e.seen == Seen::Pending) {
+        let sends: Vec<&Entry> = self.log.iter().take(n).collect();
+        if sends.iter().any(|e| e.seen == Seen::Pending) {
             return None;
         }
-        let admitted = sends.filter(|e| e.seen == Seen::Admitted).count();
-        Some(Some(u32::try_from(admitted).unwrap_or(u32::MAX)))
+        let mut start = None;
+        let mut prev: Option<Instant> = None;
+        for (i, e) in sends.iter().enumerate() {
+            if e.seen == Seen::Refused {
+                continue;
+            }
+            let idle = prev.is_none_or(|p| {
+                e.at.saturating_duration_since(p) >= reset_at.saturating_duration_since(e.at)
+            });
+            if idle {
+                start = Some(i);
+            }
+            prev = Some(e.at);
+        }
+        let Some(start) = start else {
+            return Some(None);
+        };
+        let from = sends[start..].iter();
+        let admitted = from.filter(|e| e.seen == Seen::Admitted).count();
+        Some(Some((
+            sends[start].at,
+            u32::try_from(admitted).unwrap_or(u32::MAX),
+        )))
     }
 
     /// The instants of the logged sends the server counts or may count (admitted, or not
@@ -626,6 +671,27 @@ mod tests {
             .probe_up(after + hold.mul_f64(1.1), Duration::ZERO)
             .unwrap();
         assert!((up.rate / pace.rate - 1.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_window_starts_after_the_latest_idle_time_as_long_as_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut m = RateModel::default();
+        // 2 at 0 s, a minute idle, 3 at 60 s and 1 at 61 s admitted, 1 at 61 s refused.
+        let at = [s(0), s(0), s(60), s(60), s(60), s(61), s(61)];
+        let seqs: Vec<u64> = at.iter().map(|&d| m.sent(t0 + d)).collect();
+        assert_eq!(m.window_from(7, t0 + s(63)), None, "unanswered");
+        for &q in &seqs[..6] {
+            m.answered(q, Seen::Admitted, t0 + s(61));
+        }
+        m.answered(seqs[6], Seen::Refused, t0 + s(61));
+        // Reset at 63 s: a 3 s window from 60 s (idle 60 s before it); the send at 61 s
+        // followed an idle time of 1 s, shorter than the 2 s window it would start.
+        assert_eq!(m.window_from(7, t0 + s(63)), Some(Some((t0 + s(60), 4))));
+        // Reset at 125 s: a window from 60 s would be 65 s, longer than the idle time before
+        // it: the window starts at the first send.
+        assert_eq!(m.window_from(7, t0 + s(125)), Some(Some((t0, 6))));
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub(crate) struct ScopeLearner {
     learn: bool,
     policy: RetryAfterPolicy,
     probe_after: Duration,
+    /// See [`LearnConfig::max_wait`].
+    max_wait: Duration,
     /// The configured limits, to which the learned ones are added.
     base: Limits,
     rate: RateModel,
@@ -113,6 +115,7 @@ impl ScopeLearner {
             learn,
             policy: config.retry_after,
             probe_after: config.probe_after,
+            max_wait: config.max_wait,
             base,
             rate: prior.map_or_else(RateModel::default, RateModel::warm),
             window: WindowModel::default(),
@@ -120,7 +123,11 @@ impl ScopeLearner {
                 .filter(|_| learn)
                 .and_then(|w| w.window)
                 .filter(|w| w.limit > 0 && !w.window.is_zero()),
-            warm_confidence: warm.map_or(0.0, |w| w.confidence.clamp(0.0, 1.0)),
+            // A confidence that is not a number is no confidence.
+            warm_confidence: warm
+                .map(|w| w.confidence)
+                .filter(|c| !c.is_nan())
+                .map_or(0.0, |c| c.clamp(0.0, 1.0)),
             aimd,
             header_pace: None,
             // A window loaded for a warm start is a window server's.
@@ -152,7 +159,10 @@ impl ScopeLearner {
             if let Some(quota) = quota_of(pace) {
                 // The latency guard keeps part of a bucket's burst in hand; a learned burst
                 // keeps at least one cell usable (a pace of burst 1 keeps none in hand).
-                let usable = Duration::from_secs_f64(f64::from(pace.burst - 1) / pace.rate);
+                // (Saturating: a slow pace of a large burst, loaded for a warm start, keeps
+                // its cells for longer than a `Duration` holds.)
+                let usable = Duration::try_from_secs_f64(f64::from(pace.burst - 1) / pace.rate)
+                    .unwrap_or(Duration::MAX);
                 if self.base.buckets.is_empty() {
                     limits.bucket_guard = limits.bucket_guard.min(usable);
                 }
@@ -164,8 +174,12 @@ impl ScopeLearner {
 
     /// Logs a send made at `now`; its number goes into its [`Answer`].
     pub(crate) fn sent(&mut self, now: Instant) -> u64 {
-        self.window.sent(now);
         self.rate.sent(now)
+    }
+
+    /// Send `seq` will never be answered (see [`RateModel::abandoned`]).
+    pub(crate) fn abandoned(&mut self, seq: u64) {
+        self.rate.abandoned(seq);
     }
 
     /// Whether a request may go now (the circuit breaker); `Err` holds the time until it may
@@ -250,11 +264,11 @@ impl ScopeLearner {
     /// Learns the window of a window refusal once the sends made before it are answered;
     /// whether it was learned now.
     fn settle_window(&mut self) -> bool {
-        let Some(before) = self.window.waiting_for() else {
+        let Some((before, reset_at)) = self.window.waiting_for() else {
             return false;
         };
-        match self.rate.admitted_before(before) {
-            Some(admitted) => self.window.settle(admitted).is_some(),
+        match self.rate.window_from(before, reset_at) {
+            Some(from) => self.window.settle(from).is_some(),
             None => false,
         }
     }
@@ -315,7 +329,7 @@ impl ScopeLearner {
                 .filter(|a| a.remaining == Some(0))
                 .find_map(|a| a.reset_after)
         });
-        if let Some(reset) = reset {
+        if let Some(reset) = reset.filter(|&r| r <= self.max_wait) {
             self.window.refused(a.now, reset, self.rate.next_seq());
         }
         if self.resets {
@@ -394,11 +408,14 @@ fn quota_of(pace: Bucket) -> Option<governor::Quota> {
     if !(pace.rate.is_finite() && pace.rate > 0.0) {
         return None;
     }
-    // At most one cell per 100 years; at least one per nanosecond.
-    let period = Duration::try_from_secs_f64(1.0 / pace.rate)
-        .ok()?
-        .clamp(Duration::from_nanos(1), crate::clock::FAR_FUTURE);
     let burst = NonZeroU32::new(pace.burst.max(1))?;
+    // A whole burst refills in at most 100 years (governor multiplies the period by the
+    // burst in nanoseconds: no overflow); at least one cell per nanosecond.
+    let longest = crate::clock::FAR_FUTURE / burst.get();
+    let period = Duration::try_from_secs_f64(1.0 / pace.rate).ok()?.clamp(
+        Duration::from_nanos(1),
+        longest.max(Duration::from_nanos(1)),
+    );
     Some(governor::Quota::with_period(period)?.allow_burst(burst))
 }
 

@@ -11,9 +11,12 @@
 //! The learned window paces the scope from then on, counting the sends already made (see
 //! [`ScopeLearner`](super::ScopeLearner)), and is exported for warm starts.
 //!
-//! A scope that ran under the limit for longer than a window before its first refusal learns
-//! a longer window and a larger limit (the same average rate, a larger burst); the server's
-//! refusals and resets still pace it.
+//! "From idle" is from the latest send that came after an idle time at least as long as the
+//! window it would start (see [`RateModel::window_from`](super::rate::RateModel::window_from)):
+//! a scope idle for a minute before a run learns the run's window, not one from its first
+//! send a minute before. A scope that ran under the limit for longer than a window before its
+//! first refusal (no such idle time) learns a longer window and a larger limit (its own average
+//! rate, a larger burst); the server's refusals and resets still pace it.
 
 use std::time::{Duration, Instant};
 
@@ -31,18 +34,11 @@ struct Candidate {
 /// The window model of one scope.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct WindowModel {
-    /// The first send of the scope (from idle).
-    first: Option<Instant>,
     candidate: Option<Candidate>,
     pub(crate) learned: Option<LearnedWindow>,
 }
 
 impl WindowModel {
-    /// A send at `at` (only the first is kept).
-    pub(crate) fn sent(&mut self, at: Instant) {
-        self.first.get_or_insert(at);
-    }
-
     /// A window refusal answered at `now`, saying the limit resets `reset` later; `before`:
     /// the number the next send will have. Only the first refusal is kept.
     pub(crate) fn refused(&mut self, now: Instant, reset: Duration, before: u64) {
@@ -55,17 +51,19 @@ impl WindowModel {
         });
     }
 
-    /// The sends numbered below the candidate's `before`, when it waits for them.
-    pub(crate) fn waiting_for(&self) -> Option<u64> {
-        self.candidate.map(|c| c.before)
+    /// The sends numbered below the candidate's `before`, and when it said its oldest send
+    /// leaves, when it waits for them.
+    pub(crate) fn waiting_for(&self) -> Option<(u64, Instant)> {
+        self.candidate.map(|c| (c.before, c.reset_at))
     }
 
-    /// Learns the window from the candidate refusal, given `admitted`: how many sends made
-    /// before it were admitted, every one of them answered (`None`: they are no longer
-    /// known, and the candidate is dropped). Returns the window when it was learned now.
-    pub(crate) fn settle(&mut self, admitted: Option<u32>) -> Option<LearnedWindow> {
+    /// Learns the window from the candidate refusal, given `from`: the first send of the
+    /// server's window and how many sends from it were admitted, every one of them answered
+    /// (`None`: they are no longer known, and the candidate is dropped). Returns the window
+    /// when it was learned now.
+    pub(crate) fn settle(&mut self, from: Option<(Instant, u32)>) -> Option<LearnedWindow> {
         let candidate = self.candidate.take()?;
-        let (first, admitted) = (self.first?, admitted?);
+        let (first, admitted) = from?;
         let window = candidate.reset_at.saturating_duration_since(first);
         if admitted == 0 || window.is_zero() {
             return None;
@@ -87,14 +85,14 @@ mod tests {
     fn limit_and_window_from_the_first_refusal() {
         let t0 = Instant::now();
         let mut w = WindowModel::default();
-        w.sent(t0);
         let answered = t0 + Duration::from_millis(300);
         w.refused(answered, Duration::from_millis(5_700), 125);
-        assert_eq!(w.waiting_for(), Some(125));
+        let reset_at = t0 + Duration::from_secs(6);
+        assert_eq!(w.waiting_for(), Some((125, reset_at)));
         // Later refusals teach nothing more.
         w.refused(answered, Duration::from_secs(1), 130);
-        assert_eq!(w.waiting_for(), Some(125));
-        let learned = w.settle(Some(120)).unwrap();
+        assert_eq!(w.waiting_for(), Some((125, reset_at)));
+        let learned = w.settle(Some((t0, 120))).unwrap();
         assert_eq!(learned.limit, 120);
         assert_eq!(learned.window, Duration::from_secs(6));
         assert_eq!(w.learned, Some(learned));
@@ -106,9 +104,8 @@ mod tests {
     fn nothing_without_an_admitted_send_or_a_known_log() {
         let t0 = Instant::now();
         let mut w = WindowModel::default();
-        w.sent(t0);
         w.refused(t0, Duration::from_secs(6), 1);
-        assert_eq!(w.settle(Some(0)), None);
+        assert_eq!(w.settle(Some((t0, 0))), None);
         // The next refusal may teach.
         w.refused(t0, Duration::from_secs(6), 3);
         assert_eq!(w.settle(None), None);
