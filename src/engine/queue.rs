@@ -30,9 +30,6 @@ struct Waiter {
     /// Set when the waiter is told something changed (it became the head, a lease was
     /// released, a limit changed); cleared when it looks.
     woken: bool,
-    /// Whether it has not looked yet, or last looked while not the head: it waits for its
-    /// turn, and may not know it has come.
-    waits_turn: bool,
 }
 
 /// What holds a caller back, as the store answered it.
@@ -87,6 +84,8 @@ pub(crate) struct WaitQueue {
     head_block: Option<HeadBlock>,
     /// Waiters of cost 0 queued.
     free_of_quota: usize,
+    /// The waiter that last found itself the head (it knows, and waits on the store).
+    known_head: Option<Place>,
 }
 
 impl WaitQueue {
@@ -98,6 +97,7 @@ impl WaitQueue {
             len: 0,
             head_block: None,
             free_of_quota: 0,
+            known_head: None,
         }
     }
 
@@ -188,7 +188,6 @@ impl WaitQueue {
             cost,
             waker: None,
             woken: false,
-            waits_turn: true,
         };
         self.free_of_quota += usize::from(cost == 0);
         self.lanes[place.lane].insert(place.seq, waiter);
@@ -271,11 +270,11 @@ impl WaitQueue {
         }
     }
 
-    /// Ready when `place` is the head. Otherwise registers to be woken, and wakes the head if
-    /// it has not looked yet or last looked while not the head: it may be asleep without knowing it is the head now
-    /// (it became so by aging or by arrival order changing under it). A head that knows waits
-    /// on the store and is not woken: waiters polled in one task would wake each other
-    /// without end.
+    /// Ready when `place` is the head. Otherwise registers to be woken, and wakes the head
+    /// unless it is the waiter that last found itself the head: another may be asleep without
+    /// knowing it is the head now (it became so by aging or by arrival order changing under
+    /// it). A head that knows waits on the store and is not woken: waiters polled in one task
+    /// would wake each other without end.
     pub(crate) fn poll_head(
         &mut self,
         place: Place,
@@ -290,14 +289,15 @@ impl WaitQueue {
         waiter.woken = false;
         let past_the_head =
             waiter.cost == 0 && self.head_block.is_some_and(|b| b.cause == Cause::Quota);
-        if head == Some(place) || past_the_head {
-            waiter.waits_turn = false;
+        if head == Some(place) {
+            self.known_head = Some(place);
             return Poll::Ready(());
         }
-        waiter.waits_turn = true;
+        if past_the_head {
+            return Poll::Ready(());
+        }
         register(waiter, cx);
-        let asleep = head.filter(|h| self.lanes[h.lane].get(&h.seq).is_some_and(|w| w.waits_turn));
-        if let Some(head) = asleep {
+        if let Some(head) = head.filter(|&h| self.known_head != Some(h)) {
             self.wake(head);
         }
         Poll::Pending
