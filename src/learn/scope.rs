@@ -288,13 +288,10 @@ impl ScopeLearner {
     fn pace_from(&self, hints: &Hints, a: &Answer<'_>) -> Option<Bucket> {
         let requests = hints.requests?;
         let cap = self.limits_cap();
-        super::pace::spread(
-            requests.remaining?,
-            requests.reset_after?,
-            a.read_at,
-            a.in_flight,
-            cap,
-        )
+        // A reset further ahead than the throttle waits on the server's word sets no pace
+        // either (a pace of one request a year is such a wait).
+        let reset = requests.reset_after.filter(|&d| d <= self.max_wait)?;
+        super::pace::spread(requests.remaining?, reset, a.read_at, a.in_flight, cap)
     }
 
     /// The in-flight cap in force: learned, else configured.
@@ -555,6 +552,18 @@ mod tests {
         // Plenty left after the reset: the pace is lifted.
         let (limits, _) = answer(&mut l, Some(&requests(90, 4001)), 5).limits.unwrap();
         assert_eq!(limits.buckets.len(), 0);
+    }
+
+    #[test]
+    fn a_reset_further_ahead_than_the_longest_server_wait_sets_no_pace() {
+        let mut l = learner(true);
+        // 0 left for a year: more than max_server_wait (120 s by default).
+        let year = 365 * 86_400 * 1000 + 1;
+        assert_eq!(answer(&mut l, Some(&requests(0, year)), 0).limits, None);
+        // 0 left for 100 s: paced.
+        assert!(answer(&mut l, Some(&requests(0, 100_001)), 0)
+            .limits
+            .is_some());
     }
 
     #[test]
