@@ -211,6 +211,16 @@ async fn a_warm_start_paces_from_the_first_request() {
 /// (`reset_at`, here as seconds from now) and the cooldown waits for it. The instants of its
 /// refusals go to `refused`.
 fn sliding_window(limit: usize, window: Duration, refused: Arc<Mutex<Vec<Instant>>>) -> FakeServer {
+    sliding_window_reporting(limit, window, refused, None)
+}
+
+/// [`sliding_window`], its refusals reporting `reset_at` as the text `lie` when given.
+fn sliding_window_reporting(
+    limit: usize,
+    window: Duration,
+    refused: Arc<Mutex<Vec<Instant>>>,
+    lie: Option<&'static str>,
+) -> FakeServer {
     let log = Mutex::new(std::collections::VecDeque::<Instant>::new());
     FakeServer::new(move |_, _| {
         let now = Instant::now();
@@ -223,8 +233,10 @@ fn sliding_window(limit: usize, window: Duration, refused: Arc<Mutex<Vec<Instant
             return status(200);
         }
         refused.lock().unwrap().push(now);
-        let reset = (log[0] + window - now).as_secs_f64();
-        let reset = format!("{reset:.3}");
+        let reset = match lie {
+            Some(text) => text.to_owned(),
+            None => format!("{:.3}", (log[0] + window - now).as_secs_f64()),
+        };
         json(
             429,
             &[
@@ -586,34 +598,9 @@ async fn the_remaining_requests_are_spread_over_the_time_to_the_reset() {
     );
 }
 
-/// A sliding window of `limit` per `window` whose refusals report `reset_at` as `reset(true)`
-/// (`true`: the true seconds to the oldest send's exit, formatted), or as the text `lie`.
+/// [`sliding_window`] whose refusals report `reset_at` as the text `lie` when given.
 fn lying_window(limit: usize, window: Duration, lie: Option<&'static str>) -> FakeServer {
-    let log = Mutex::new(std::collections::VecDeque::<Instant>::new());
-    FakeServer::new(move |_, _| {
-        let now = Instant::now();
-        let mut log = log.lock().unwrap();
-        while log.front().is_some_and(|&t| t + window <= now) {
-            log.pop_front();
-        }
-        if log.len() < limit {
-            log.push_back(now);
-            return status(200);
-        }
-        let reset = match lie {
-            Some(text) => text.to_owned(),
-            None => format!("{:.3}", (log[0] + window - now).as_secs_f64()),
-        };
-        json(
-            429,
-            &[
-                ("rate_limit_type", "requests_per_minute"),
-                ("reset_at", &reset),
-            ],
-            "{}",
-        )
-    })
-    .with_delay(SERVICE)
+    sliding_window_reporting(limit, window, Arc::default(), lie)
 }
 
 #[tokio::test(start_paused = true)]
