@@ -249,14 +249,10 @@ impl<S: Store> Slot<S> {
         limits: &Limits,
         sent: &[Instant],
     ) -> Result<(), Refused> {
-        let stored = if sent.is_empty() {
-            self.store.set_limits(&self.state, limits).await
-        } else {
-            self.store
-                .set_limits_counting(&self.state, limits, sent)
-                .await
-        };
-        stored.map_err(Refused::Store)?;
+        self.store
+            .set_limits_counting(&self.state, limits, sent)
+            .await
+            .map_err(Refused::Store)?;
         let cap = limits.max_in_flight.unwrap_or(usize::MAX);
         self.max_in_flight.store(cap, Ordering::Relaxed);
         let capacity = limits.capacity().unwrap_or(u32::MAX);

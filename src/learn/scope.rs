@@ -111,6 +111,10 @@ impl ScopeLearner {
         if let (Some(a), Some(cap)) = (&mut aimd, warm.and_then(|w| w.max_in_flight)) {
             *a = Aimd::warm(a.max(), cap);
         }
+        let warm_window = warm
+            .filter(|_| learn)
+            .and_then(|w| w.window)
+            .filter(|w| w.limit > 0 && !w.window.is_zero());
         Self {
             learn,
             policy: config.retry_after,
@@ -119,10 +123,7 @@ impl ScopeLearner {
             base,
             rate: prior.map_or_else(RateModel::default, RateModel::warm),
             window: WindowModel::default(),
-            warm_window: warm
-                .filter(|_| learn)
-                .and_then(|w| w.window)
-                .filter(|w| w.limit > 0 && !w.window.is_zero()),
+            warm_window,
             // A confidence that is not a number is no confidence.
             warm_confidence: warm
                 .map(|w| w.confidence)
@@ -131,7 +132,7 @@ impl ScopeLearner {
             aimd,
             header_pace: None,
             // A window loaded for a warm start is a window server's.
-            resets: warm.filter(|_| learn).is_some_and(|w| w.window.is_some()),
+            resets: warm_window.is_some(),
             aimd_episode_end: 0,
             breaker: config.breaker.map(Breaker::new),
         }
@@ -232,21 +233,20 @@ impl ScopeLearner {
         if !self.learn {
             return out;
         }
+        let seen = match seen {
+            Seen::Pending => Seen::Unknown,
+            s => s,
+        };
+        self.rate.answered(a.seq, seen, a.now);
         match seen {
             Seen::Admitted => {
                 if let Some(aimd) = &mut self.aimd {
                     aimd.succeeded();
                 }
-                self.rate.answered(a.seq, seen, a.now);
                 self.rate.probe_up(a.now, self.probe_after);
             }
-            Seen::Refused => {
-                self.rate.answered(a.seq, seen, a.now);
-                out.cooldown_cap = self.cooldown_cap(hints);
-            }
-            Seen::Pending | Seen::Unknown => {
-                self.rate.answered(a.seq, Seen::Unknown, a.now);
-            }
+            Seen::Refused => out.cooldown_cap = self.cooldown_cap(hints),
+            Seen::Pending | Seen::Unknown => {}
         }
         if a.hints.is_some() {
             // An answer without a request allowance lifts the pace; a transport error keeps it.
